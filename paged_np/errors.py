@@ -1,0 +1,72 @@
+"""The errors paged_np raises.
+
+Every error derives from :class:`PagedNPError`, so ``except pnp.PagedNPError``
+catches anything this package refuses. Errors about bad arguments also derive
+from the matching built-in (``ValueError`` or ``TypeError``), so code that
+already catches those keeps working. Out-of-range indices (a layer, a page id,
+a slot) raise :class:`IndexOutOfRange`, a ``ValueError``: never a bare
+``IndexError`` or ``KeyError``.
+
+A refused call changes nothing: the cache, the pool and the arena are exactly
+as they were before the call.
+"""
+
+from __future__ import annotations
+
+
+class PagedNPError(Exception):
+    """Base class of every error raised by paged_np."""
+
+
+class OutOfPages(PagedNPError):
+    """No page is FREE or CACHED: the allocation cannot be served.
+
+    The pool is left unchanged. A serving engine answers this by preempting
+    a running sequence (vLLM does the same).
+    """
+
+
+class UnknownSequence(PagedNPError, LookupError):
+    """A sequence id that the cache does not hold."""
+
+
+class InvalidBlockTable(PagedNPError, ValueError):
+    """A block table that points outside the arena or has holes."""
+
+
+class StalePage(PagedNPError, ValueError):
+    """A page used as if it were held (freed twice, shared while free, ...)."""
+
+
+class InvalidArgument(PagedNPError, ValueError):
+    """An argument with a bad value; the message names the argument."""
+
+
+class ShapeError(InvalidArgument):
+    """An array argument with the wrong number of dimensions or sizes."""
+
+
+class IndexOutOfRange(InvalidArgument):
+    """A layer, page id or slot outside the arena."""
+
+
+class DuplicateSequence(InvalidArgument):
+    """A sequence id that the cache already holds."""
+
+
+class DTypeError(PagedNPError, TypeError):
+    """An argument of the wrong type or array dtype."""
+
+
+__all__ = [
+    "PagedNPError",
+    "OutOfPages",
+    "UnknownSequence",
+    "InvalidBlockTable",
+    "StalePage",
+    "InvalidArgument",
+    "ShapeError",
+    "IndexOutOfRange",
+    "DuplicateSequence",
+    "DTypeError",
+]
