@@ -1,0 +1,42 @@
+"""Command line: ``python -m paged_np {demo,walkthrough,bench,simulate,info}``.
+
+Each subcommand lives in its own module and is imported only when asked for,
+so ``python -m paged_np info`` stays fast and never compiles a kernel.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module, one-line help)
+COMMANDS = {
+    "demo": ("paged_np.demo", "serve a small model under memory pressure, check it, draw it"),
+    "walkthrough": ("paged_np.walkthrough", "narrated tour of the cache: prefixes, forks, eviction"),
+    "bench": ("paged_np.bench", "benchmark the attention kernels against bandwidth and PyTorch"),
+    "simulate": ("paged_np.simulate", "reproduce the vLLM paper's memory-waste figures"),
+    "info": ("paged_np.info", "versions, backends and the machine"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: python -m paged_np COMMAND [options]", "", "commands:"]
+    lines += [f"  {name:<12} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
