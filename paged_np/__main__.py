@@ -12,7 +12,8 @@ import sys
 # subcommand -> (module, one-line help)
 COMMANDS = {
     "demo": ("paged_np.demo", "serve a small model under memory pressure, check it, draw it"),
-    "walkthrough": ("paged_np.walkthrough", "narrated tour of the cache: prefixes, forks, eviction"),
+    "walkthrough": ("paged_np.walkthrough",
+                    "a narrated tour of the cache: prefixes, forks, eviction"),
     "bench": ("paged_np.bench", "benchmark the attention kernels against bandwidth and PyTorch"),
     "simulate": ("paged_np.simulate", "reproduce the vLLM paper's memory-waste figures"),
     "info": ("paged_np.info", "versions, backends and the machine"),
