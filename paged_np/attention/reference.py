@@ -63,6 +63,7 @@ def dense_attention(q, k, v, scale=None, sliding_window=0, dtype=np.float64):
     seq_len, num_kv_heads, _ = k.shape
     if scale is None:
         scale = 1.0 / np.sqrt(head_dim)
+    scale = q.dtype.type(scale)                            # keep the compute dtype
     group = num_heads // num_kv_heads
 
     # GQA: repeat each kv head for the `group` query heads that read it.
