@@ -157,3 +157,16 @@ def test_split_k_refuses_bad_num_splits(num_splits, error):
     with pytest.raises(error, match="num_splits"):
         split_k.forward(*validate_paged_attention_inputs(*case.args()), False,
                         num_splits=num_splits)
+
+
+def test_one_page_at_a_time_merges_to_the_whole():
+    """The lesson of numpy_paged: each page alone is a partial (out, lse); merged, the whole."""
+    from paged_np.attention.numpy_paged import attend_sequence
+    case = make_paged_case([29], [6], num_heads=4, num_kv_heads=1, page_size=8, seed=11)
+    args = (case.q, case.k_pages, case.v_pages, case.block_tables[0], 29, 0.2, 0)
+    out, lse = attend_sequence(*args, first_page=0, end_page=1)
+    for i in range(1, 4):
+        out, lse = pnp.merge_attention_states(out, lse, *attend_sequence(
+            *args, first_page=i, end_page=i + 1))
+    whole_out, whole_lse = attend_sequence(*args)
+    assert rel_error(out, whole_out) <= 1e-6 and rel_error(lse, whole_lse) <= 1e-6

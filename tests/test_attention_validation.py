@@ -260,3 +260,66 @@ def test_validator_normalises(case):
     np.testing.assert_array_equal(args.query_start_loc, [0, 1, 2, 3])  # None = decode
     assert args.scale == pytest.approx(1 / np.sqrt(8)) and args.sliding_window == 0
     assert args.q is q                               # already fine: no copy
+
+
+# --- dispatch: a stand-in backend module records what it is given -------------
+class _FakeBackend:
+    def __init__(self):
+        self.calls = []
+
+    def forward(self, *args):
+        self.calls.append(args)
+        q = args[0]
+        return np.zeros(q.shape, np.float32), np.zeros(q.shape[:2], np.float32)
+
+
+@pytest.fixture
+def fake_backends(monkeypatch):
+    import sys
+
+    import paged_np.attention as attention
+    fakes = {"numba": _FakeBackend(), "cuda": _FakeBackend()}
+    monkeypatch.setitem(sys.modules, "paged_np.attention.numba_cpu", fakes["numba"])
+    monkeypatch.setitem(sys.modules, "paged_np.attention.numba_cuda", fakes["cuda"])
+    monkeypatch.setattr(attention, "_load_errors", {})
+    return fakes
+
+
+def test_dispatch_passes_normalised_args(case, fake_backends):
+    pnp.paged_attention(**kwargs(case, backend="numba", block_tables=case.block_tables
+                                 .astype(np.int64), seq_lens=[9, 4, 1], sliding_window=3),
+                        return_lse=True)
+    (args,) = fake_backends["numba"].calls
+    q, k, v, bt, sl, qsl, scale, window, return_lse = args
+    assert q.dtype == np.float32 and q.flags.c_contiguous and k is case.k_pages
+    for a in (bt, sl, qsl):
+        assert a.dtype == np.int32 and a.flags.c_contiguous
+    assert isinstance(scale, float) and window == 3 and return_lse is True
+
+
+def test_auto_prefers_numba_when_it_imports(case, fake_backends):
+    pnp.paged_attention(**kwargs(case, backend="auto"))
+    assert len(fake_backends["numba"].calls) == 1 and not fake_backends["cuda"].calls
+
+
+class _DeviceArray:
+    """Looks like a device array: only __cuda_array_interface__, shape and dtype."""
+
+    def __init__(self, host):
+        self.shape, self.dtype = host.shape, host.dtype
+        self.__cuda_array_interface__ = dict(shape=host.shape, typestr=host.dtype.str,
+                                             strides=None, data=(0, False), version=3)
+
+
+def test_auto_picks_cuda_for_device_arrays(case, fake_backends):
+    dq, dk, dv = (_DeviceArray(x) for x in (case.q, case.k_pages, case.v_pages))
+    pnp.paged_attention(**kwargs(case, q=dq, k_pages=dk, v_pages=dv, backend="auto"))
+    (args,) = fake_backends["cuda"].calls
+    assert args[0] is dq and args[1] is dk                # device arrays pass through
+
+
+def test_device_arrays_are_validated(case, fake_backends):
+    bad = _DeviceArray(case.q.astype(np.float64))
+    refuse(case, DTypeError, "q on the device must be float32", q=bad, backend="cuda")
+    refuse(case, DTypeError, "q must be a numpy array", q=_DeviceArray(case.q),
+           backend="numba")

@@ -113,7 +113,8 @@ def load_backend(name: str):
     module = _MODULES[name]
     try:
         return importlib.import_module(f"{__name__}.{module}")
-    except PagedNPError:
+    except PagedNPError as e:          # the module's own clear refusal: let it through
+        _load_errors[name] = e
         raise
     except Exception as e:  # ImportError, numba/cuda driver errors, ...
         _load_errors[name] = e
@@ -132,7 +133,7 @@ def _resolve_backend(backend: str, q) -> str:
         try:
             load_backend("numba")
             return "numba"
-        except BackendUnavailable:
+        except PagedNPError:                             # includes BackendUnavailable
             pass
     return "numpy"
 

@@ -35,6 +35,11 @@ and at the end ``out = acc / l`` and ``lse = m + log(l)``. The result equals
 the dense softmax exactly (up to rounding): every term ends up multiplied by
 ``exp(-m_final)`` whichever page it came from.
 
+To follow one page's contribution, call :func:`attend_sequence` with
+``first_page=i, end_page=i + 1``: it returns that page alone as a partial
+``(out, lse)``, and merging the partials of all pages
+(:func:`paged_np.merge_attention_states`) gives back the full result.
+
 Vectorised over heads, over the tokens of a page and over the queries of a
 sequence; a Python loop over sequences and pages. Fast kernels
 (:mod:`paged_np.attention.numba_cpu`) loop differently but compute the same.
