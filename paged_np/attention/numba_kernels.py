@@ -110,11 +110,11 @@ def tile_scores(qt, k, s, n_rows, n_keys):
     Four keys per pass: each query element loaded feeds four dot products.
     """
     D = qt.shape[1]
-    for r in range(n_rows):
-        qr = qt[r]  # [D]
-        t = 0
-        while t + 3 < n_keys:
-            k0, k1, k2, k3 = k[t], k[t + 1], k[t + 2], k[t + 3]  # 4 x [D]
+    t = 0
+    while t + 3 < n_keys:
+        k0, k1, k2, k3 = k[t], k[t + 1], k[t + 2], k[t + 3]  # 4 x [D]
+        for r in range(n_rows):
+            qr = qt[r]  # [D]
             x0 = x1 = x2 = x3 = np.float32(0.0)
             for d in range(D):
                 qd = qr[d]
@@ -123,14 +123,16 @@ def tile_scores(qt, k, s, n_rows, n_keys):
                 x2 += qd * k2[d]
                 x3 += qd * k3[d]
             s[r, t], s[r, t + 1], s[r, t + 2], s[r, t + 3] = x0, x1, x2, x3
-            t += 4
-        while t < n_keys:  # the last 0-3 keys of the page
-            kt = k[t]
+        t += 4
+    while t < n_keys:  # the last 0-3 keys of the page
+        kt = k[t]
+        for r in range(n_rows):
+            qr = qt[r]
             x = np.float32(0.0)
             for d in range(D):
                 x += qr[d] * kt[d]
             s[r, t] = x
-            t += 1
+        t += 1
 
 
 @njit(**JIT_OPTIONS)
@@ -179,19 +181,20 @@ def online_softmax(s, m, l, acc, n_rows, n_keys):
 def accumulate_pv(p, v, acc, n_rows, n_keys):
     """``acc[:n_rows] += p[:n_rows, :n_keys] @ v[:n_keys]``, four keys per pass."""
     D = acc.shape[1]
-    for r in range(n_rows):
-        ar = acc[r]  # [D]
-        pr = p[r]
-        t = 0
-        while t + 3 < n_keys:
-            v0, v1, v2, v3 = v[t], v[t + 1], v[t + 2], v[t + 3]
-            p0, p1, p2, p3 = pr[t], pr[t + 1], pr[t + 2], pr[t + 3]
+    t = 0
+    while t + 3 < n_keys:
+        v0, v1, v2, v3 = v[t], v[t + 1], v[t + 2], v[t + 3]  # 4 x [D]
+        for r in range(n_rows):
+            ar = acc[r]  # [D]
+            p0, p1, p2, p3 = p[r, t], p[r, t + 1], p[r, t + 2], p[r, t + 3]
             for d in range(D):
                 ar[d] += (p0 * v0[d] + p1 * v1[d]) + (p2 * v2[d] + p3 * v3[d])
-            t += 4
-        while t < n_keys:
-            vt = v[t]
-            pt = pr[t]
+        t += 4
+    while t < n_keys:  # the last 0-3 keys
+        vt = v[t]
+        for r in range(n_rows):
+            ar = acc[r]
+            pt = p[r, t]
             for d in range(D):
                 ar[d] += pt * vt[d]
-            t += 1
+        t += 1
