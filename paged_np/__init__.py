@@ -3,6 +3,7 @@
 Public names only; see DESIGN.md (the contract) and the README.
 """
 
+from .attention import merge_attention_states, paged_attention
 from .config import CacheConfig, ModelConfig
 from .errors import (
     DTypeError,
@@ -16,5 +17,8 @@ from .errors import (
     StalePage,
     UnknownSequence,
 )
+from .eviction import FIFOPolicy, LFUPolicy, LRUPolicy
+from .kv_cache import BatchMetadata, Event, PagedKVCache
+from .page_pool import PagePool
 
 __version__ = "0.1.0"
