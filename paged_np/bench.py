@@ -22,6 +22,7 @@ Times are the best of several repeats (the least disturbed run).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -118,9 +119,10 @@ def bench_numba(cfg: dict, log) -> dict:
     scale = D**-0.5
     for dtype in (np.float32, np.float16):
         for ctx in cfg["contexts"]:
-            q, k, v, bt, sl, qsl = make_decode_case(ctx, dtype)
+            case = make_decode_case(ctx, dtype)
+            q, k, v, bt, sl, qsl = case
             gb = 2 * B * HKV * ctx * D * k.itemsize / 1e9  # K and V bytes read
-            t = _best(lambda: numba_cpu.forward(q, k, v, bt, sl, qsl, scale, 0, False),
+            t = _best(functools.partial(numba_cpu.forward, *case, scale, 0, False),
                       cfg["repeat"])
             row = {"dtype": np.dtype(dtype).name, "context": ctx, "ms": t * 1e3,
                    "gbs": gb / t, "pct_bw": 100 * gb / t / bw}
@@ -128,16 +130,15 @@ def bench_numba(cfg: dict, log) -> dict:
                 tt = _best(_torch_decode(q, k, v, bt, sl), cfg["repeat"])
                 row["torch_ms"], row["speedup_vs_torch"] = tt * 1e3, tt / t
             if np_forward is not None and ctx <= cfg["numpy_max_ctx"]:
-                tn = _best(lambda: np_forward(q, k, v, bt, sl, qsl, scale, 0, False), 1)
+                tn = _best(functools.partial(np_forward, *case, scale, 0, False), 1)
                 row["numpy_ms"], row["speedup_vs_numpy"] = tn * 1e3, tn / t
             res["decode"].append(row)
             log(f"decode {row['dtype']} ctx {ctx}: {row['ms']:.2f} ms, {row['gbs']:.1f} GB/s "
                 f"({row['pct_bw']:.0f}% of bw), x{row.get('speedup_vs_torch', float('nan')):.2f}"
                 f" vs torch, x{row.get('speedup_vs_numpy', float('nan')):.1f} vs numpy")
     for ps in cfg["page_sizes"]:
-        q, k, v, bt, sl, qsl = make_decode_case(2048, np.float32, page_size=ps)
-        t = _best(lambda: numba_cpu.forward(q, k, v, bt, sl, qsl, scale, 0, False),
-                  cfg["repeat"])
+        case = make_decode_case(2048, np.float32, page_size=ps)
+        t = _best(functools.partial(numba_cpu.forward, *case, scale, 0, False), cfg["repeat"])
         gb = 2 * B * HKV * 2048 * D * 4 / 1e9
         res["page_sweep"].append({"page_size": ps, "ms": t * 1e3, "gbs": gb / t})
         log(f"page size {ps}: {t * 1e3:.2f} ms, {gb / t:.1f} GB/s")
@@ -262,7 +263,8 @@ def plot(res: dict, path: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m paged_np bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m paged_np bench",
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes, under a minute")
     ap.add_argument("--backend", default="numba", choices=sorted(BACKENDS))
     ap.add_argument("--out", default="benchmarks", help="folder for results (default benchmarks)")

@@ -95,7 +95,8 @@ def _plan(seq_lens, query_start_loc, page_size, num_kv_heads, q_tile, num_splits
                 khi = min(hi, (page_lo + (split + 1) * per) * page_size)
                 for kvh in range(num_kv_heads):
                     row = items[n]
-                    row[_B], row[_Q0], row[_KVH], row[_SPLIT] = b, query_start_loc[b] + i0, kvh, split
+                    row[_B], row[_Q0] = b, query_start_loc[b] + i0
+                    row[_KVH], row[_SPLIT] = kvh, split
                     row[_NQ] = nq if khi > klo else 0  # an empty part is padding
                     row[_KLO], row[_KHI] = klo, khi
                     cost[n] = nq * max(khi - klo, 0) + 64.0
