@@ -75,9 +75,8 @@ def plot_savings(res: dict, ax=None):
                 x += 1
             x += 0.6
     ax.set_xticks(ticks, labels, fontsize=7)
-    ax.set_xlabel("width (samples n / beams k)", labelpad=22)
     ax.set_ylabel("KV memory saved by sharing (%)")
-    ax.set_title("Sharing savings (grey: the paper's range)")
+    ax.set_title("Sharing savings by width n / k (grey: paper's range)")
     return fig
 
 
