@@ -5,6 +5,7 @@ Public names only; see DESIGN.md (the contract) and the README.
 
 from .config import CacheConfig, ModelConfig
 from .errors import (
+    CudaUnavailable,
     DTypeError,
     DuplicateSequence,
     IndexOutOfRange,

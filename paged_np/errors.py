@@ -58,6 +58,15 @@ class DTypeError(PagedNPError, TypeError):
     """An argument of the wrong type or array dtype."""
 
 
+class CudaUnavailable(PagedNPError, ImportError):
+    """``backend="cuda"`` asked for, but ``numba.cuda`` has no GPU and no simulator.
+
+    An ``ImportError`` too: importing :mod:`paged_np.attention.numba_cuda`
+    raises it, and the message says how to install the ``cuda`` extra or turn
+    on Numba's CUDA simulator.
+    """
+
+
 __all__ = [
     "PagedNPError",
     "OutOfPages",
@@ -69,4 +78,5 @@ __all__ = [
     "IndexOutOfRange",
     "DuplicateSequence",
     "DTypeError",
+    "CudaUnavailable",
 ]
