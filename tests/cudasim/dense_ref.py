@@ -54,7 +54,7 @@ def random_batch(rng, seq_lens, n_qs, num_heads, num_kv_heads, head_dim, page_si
         used += n_pages_per[b]
         block_tables[b, :len(ids)] = ids
         pos = np.arange(L)
-        for name, pages in (("k", k_pages), ("v", v_pages)):
+        for pages in (k_pages, v_pages):
             vals = rng.standard_normal((L, num_kv_heads, head_dim)).astype(dtype)
             pages[ids[pos // page_size], :, pos % page_size] = vals
     qsl = np.concatenate([[0], np.cumsum(n_qs)]).astype(np.int32)
