@@ -17,5 +17,8 @@ from .errors import (
     StalePage,
     UnknownSequence,
 )
+from .eviction import FIFOPolicy, LFUPolicy, LRUPolicy
+from .kv_cache import BatchMetadata, Event, PagedKVCache
+from .page_pool import PagePool
 
 __version__ = "0.1.0"

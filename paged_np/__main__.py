@@ -7,12 +7,14 @@ so ``python -m paged_np info`` stays fast and never compiles a kernel.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 
 # subcommand -> (module, one-line help)
 COMMANDS = {
     "demo": ("paged_np.demo", "serve a small model under memory pressure, check it, draw it"),
-    "walkthrough": ("paged_np.walkthrough", "narrated tour of the cache: prefixes, forks, eviction"),
+    "walkthrough": ("paged_np.walkthrough",
+                    "a narrated tour of the cache: prefixes, forks, eviction"),
     "bench": ("paged_np.bench", "benchmark the attention kernels against bandwidth and PyTorch"),
     "simulate": ("paged_np.simulate", "reproduce the vLLM paper's memory-waste figures"),
     "info": ("paged_np.info", "versions, backends and the machine"),
@@ -34,7 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
+    target = COMMANDS[name][0]
+    if importlib.util.find_spec(target) is None and name == "demo":
+        target = COMMANDS["walkthrough"][0]  # until the serving engine lands
+    module = importlib.import_module(target)
     return int(module.main(rest) or 0)
 
 

@@ -127,11 +127,13 @@ class ModelConfig:
                 f"num_kv_heads ({self.num_kv_heads})"
             )
         if self.head_dim % 2:
-            raise InvalidArgument(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+            raise InvalidArgument(
+                f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
         if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
             raise InvalidArgument(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta!r}")
         if not (isinstance(self.rms_norm_eps, (int, float)) and self.rms_norm_eps > 0):
-            raise InvalidArgument(f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
+            raise InvalidArgument(
+                f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
         if self.sliding_window is not None:
             object.__setattr__(self, "sliding_window", _positive_int(
                 "sliding_window", self.sliding_window, "ModelConfig"))

@@ -1,0 +1,392 @@
+"""PagedKVCache: the facade over the arena, the page pool and the sequences.
+
+The life of a sequence is four calls (see DESIGN.md)::
+
+    n_hit = cache.add_sequence("a", prompt)   # reuse cached prefix pages
+    slots = cache.allocate_slots("a", n)      # slots for the next n tokens
+    cache.write_kv(layer, slots, k, v)        # once per layer
+    cache.append_tokens("a", new_ids)         # now written; full pages hashed
+
+Every public method validates its arguments first and only then changes
+state, so a refused call (a bad argument, ``OutOfPages``) leaves the pool, the
+block tables, the stats and the arena exactly as they were.
+
+Compared with vLLM: one ``PagedKVCache`` plays the parts of ``KVCacheManager``
+(+ ``BlockPool``) and the attention backend's ``reshape_and_cache``. There is
+no scheduler here (see :mod:`paged_np.engine`), no GPU/CPU split and no
+multi-group (hybrid) cache.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from dataclasses import dataclass
+
+import numpy as np
+
+from .arena import Arena
+from .config import CacheConfig
+from .errors import (
+    DTypeError,
+    DuplicateSequence,
+    InvalidArgument,
+    OutOfPages,
+    ShapeError,
+    UnknownSequence,
+)
+from .page_pool import PagePool
+from .sequence import Sequence, hash_page
+
+#: One entry of ``cache.events``: ``kind`` is one of allocate, evict, hit, cache,
+#: free, cow, fork, hash.
+Event = namedtuple("Event", "step kind page_id seq_id")
+
+
+@dataclass
+class BatchMetadata:
+    """What a kernel needs for a batch of sequences.
+
+    ``block_tables`` is int32 [B, max_pages], padded with -1; ``seq_lens`` is
+    int32 [B] (written tokens plus any pending ``allocate_slots``).
+    """
+
+    seq_ids: list
+    block_tables: np.ndarray
+    seq_lens: np.ndarray
+    page_size: int
+
+    def to_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """FlashInfer's layout: ``kv_indptr`` int32 [B+1], ``kv_indices`` int32 [nnz],
+        ``kv_last_page_len`` int32 [B].
+
+        Sequence ``b``'s pages are ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``
+        (only the pages its ``seq_len`` reaches); its last page holds
+        ``kv_last_page_len[b]`` tokens (0 for an empty sequence).
+        """
+        ps = self.page_size
+        n_pages = (self.seq_lens.astype(np.int64) + ps - 1) // ps  # [B]
+        indptr = np.zeros(len(self.seq_lens) + 1, dtype=np.int32)
+        np.cumsum(n_pages, out=indptr[1:])
+        cols = np.arange(self.block_tables.shape[1])  # [max_pages]
+        indices = self.block_tables[cols[None, :] < n_pages[:, None]]  # row-major: in order
+        last = np.where(self.seq_lens > 0, (self.seq_lens - 1) % ps + 1, 0).astype(np.int32)
+        return indptr, indices.astype(np.int32), last
+
+
+class PagedKVCache:
+    """A paged KV cache over one preallocated arena.
+
+    Parameters
+    ----------
+    cfg : CacheConfig
+        Shapes, dtype and eviction policy.
+    record_events : bool
+        Keep the ``events`` log (for drawings). Turn it off for long runs.
+
+    Example
+    -------
+    >>> import numpy as np, paged_np as pnp
+    >>> cache = pnp.PagedKVCache(pnp.CacheConfig(num_pages=8, page_size=4, head_dim=8))
+    >>> cache.add_sequence("a", [1, 2, 3, 4, 5])
+    0
+    >>> cache.allocate_slots("a", 5)
+    array([0, 1, 2, 3, 4])
+    """
+
+    def __init__(self, cfg: CacheConfig, record_events: bool = True, device: str = "cpu"):
+        if not isinstance(cfg, CacheConfig):
+            raise DTypeError(f"cfg must be a CacheConfig, got {type(cfg).__name__}")
+        if device != "cpu":
+            raise InvalidArgument(f"device must be 'cpu', got {device!r}")
+        self.cfg = cfg
+        self.page_size = cfg.page_size
+        self._arena = Arena(cfg)
+        self.pool = PagePool(cfg.num_pages, cfg.page_size, cfg.eviction_policy)
+        self.pool.listener = self._on_pool_event
+        self._seqs: dict[object, Sequence] = {}
+        self.events: list[Event] = []
+        self.record_events = record_events
+        self.clock = 0
+        self._actor = None  # seq id named in events the pool emits
+        self._hits = 0
+        self._queries = 0
+        self._cow_copies = 0
+
+    # ----------------------------------------------------------------- arena
+    @property
+    def arena(self) -> np.ndarray:
+        """The one ndarray holding every page."""
+        return self._arena.data
+
+    def layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(k_pages, v_pages)`` views of one layer, each [num_pages, Hkv, page_size, D]."""
+        return self._arena.layer(layer)
+
+    def write_kv(self, layer: int, slots, k: np.ndarray, v: np.ndarray) -> None:
+        """Write ``k, v`` ([n, num_kv_heads, head_dim]) into ``slots`` (int64 [n])."""
+        self._arena.write(layer, slots, k, v)
+
+    # ------------------------------------------------------------- sequences
+    def add_sequence(self, seq_id, prompt, extra_key=None) -> int:
+        """Start a sequence; reuse cached pages of its prompt's prefix.
+
+        Returns the number of prompt tokens reused (a multiple of page_size, at
+        most ``len(prompt) - 1`` so the last prompt token is always computed).
+        Those tokens count as written; nothing else is allocated.
+        """
+        self._check_new_id(seq_id, "seq_id")
+        prompt = as_token_ids(prompt, "prompt")
+        key = _as_extra_key(extra_key)
+        seq = Sequence(seq_id, key)
+        ps = self.page_size
+        hits = []
+        parent = seq.last_hash()
+        for i in range((len(prompt) - 1) // ps):  # full pages below the len - 1 cap
+            page_tokens = prompt[i * ps:(i + 1) * ps]
+            h = hash_page(parent, page_tokens, key)
+            p = self.pool.lookup(h, page_tokens)
+            if p is None:
+                break
+            hits.append((p, h))
+            parent = h
+        # Nothing below can fail: commit.
+        self._actor = seq_id
+        for p, h in hits:
+            self.pool.acquire(p)
+            seq.block_table.append(p)
+            seq.page_hashes.append(h)
+        n_hit = len(hits) * ps
+        seq.token_ids = prompt[:n_hit]
+        self._seqs[seq_id] = seq
+        self._hits += n_hit
+        self._queries += len(prompt)
+        return n_hit
+
+    def allocate_slots(self, seq_id, n: int) -> np.ndarray:
+        """Slots (int64 [n]) for positions ``[num_tokens, num_tokens + n)``.
+
+        Allocates pages as needed (evicting cached pages under the policy) and
+        copies any shared page that would be written (copy-on-write). Calling
+        it again before ``append_tokens`` returns the same positions' slots.
+        Raises ``OutOfPages`` and changes nothing when the pages are not there.
+        """
+        seq = self._get(seq_id)
+        n = _count(n, "n")
+        ps = self.page_size
+        start, end = seq.num_tokens, seq.num_tokens + n
+        pages_needed = -(-end // ps)
+        if pages_needed > self.cfg.num_pages:
+            raise InvalidArgument(
+                f"n={n}: the sequence would need {pages_needed} pages, more than the "
+                f"arena's num_pages={self.cfg.num_pages}"
+            )
+        bt = seq.block_table
+        # Pages this step writes into that someone else also holds: copy them first.
+        cow = [i for i in range(start // ps, min(len(bt), pages_needed))
+               if self.pool.ref_count(bt[i]) > 1]
+        n_new = max(0, pages_needed - len(bt)) + len(cow)
+        if n_new > self.pool.num_available:
+            raise OutOfPages(
+                f"sequence {seq_id!r} needs {n_new} more pages for n={n} tokens, only "
+                f"{self.pool.num_available} free or cached"
+            )
+        # Commit: nothing below can fail.
+        self._actor = seq_id
+        fresh = self.pool.allocate_many(n_new)
+        for i, dst in zip(cow, fresh):
+            src = bt[i]
+            self._arena.copy_page(src, dst)
+            bt[i] = dst
+            self.pool.free(src)  # drop our reference to the shared page
+            self._cow_copies += 1
+            self._log("cow", dst)
+        bt.extend(fresh[len(cow):])
+        while len(bt) > pages_needed:  # an earlier, larger pending call left spare pages
+            self.pool.free(bt.pop())
+        seq.num_pending = n
+        return self._slots(bt, start, n)
+
+    def append_tokens(self, seq_id, token_ids) -> None:
+        """Record tokens whose KV is now written; hash and index newly full pages."""
+        seq = self._get(seq_id)
+        ids = as_token_ids(token_ids, "token_ids", allow_empty=True)
+        if len(ids) > seq.num_pending:
+            raise InvalidArgument(
+                f"token_ids: {len(ids)} tokens appended but only {seq.num_pending} slots "
+                f"allocated for sequence {seq_id!r} (call allocate_slots first)"
+            )
+        self._actor = seq_id
+        seq.token_ids.extend(ids)
+        seq.num_pending -= len(ids)
+        ps = self.page_size
+        for i in range(len(seq.page_hashes), seq.num_tokens // ps):  # newly full pages
+            page_tokens = seq.token_ids[i * ps:(i + 1) * ps]
+            h = hash_page(seq.last_hash(), page_tokens, seq.extra_key)
+            seq.page_hashes.append(h)
+            if self.pool.register(seq.block_table[i], h, page_tokens):
+                self._log("hash", seq.block_table[i])
+
+    def fork(self, parent_id, child_id) -> None:
+        """The child shares the parent's pages and tokens; writes copy on demand."""
+        parent = self._get(parent_id)
+        self._check_new_id(child_id, "child_id")
+        if parent.num_pending:
+            raise InvalidArgument(
+                f"parent_id {parent_id!r} has {parent.num_pending} allocated but unwritten "
+                "slots: append_tokens before fork"
+            )
+        child = parent.copy(child_id)
+        for p in child.block_table:
+            self.pool.share(p)
+            self._log("fork", p, child_id)
+        self._seqs[child_id] = child
+
+    def free(self, seq_id) -> None:
+        """Release a sequence. Its full, indexed pages become CACHED, the rest FREE.
+
+        Pages are released tail-first so that, under LRU, a sequence's later
+        pages are evicted before its prefix pages (a prefix is more likely to
+        be shared by the next request).
+        """
+        seq = self._get(seq_id)
+        self._actor = seq_id
+        for p in reversed(seq.block_table):
+            self.pool.free(p)
+        del self._seqs[seq_id]
+
+    # --------------------------------------------------------------- queries
+    def batch(self, seq_ids) -> BatchMetadata:
+        """Block tables (int32 [B, max_pages], -1 padded) and seq_lens (int32 [B])."""
+        seqs = [self._get(s) for s in seq_ids]
+        width = max((len(s.block_table) for s in seqs), default=0)
+        tables = np.full((len(seqs), width), -1, dtype=np.int32)
+        for b, s in enumerate(seqs):
+            tables[b, :len(s.block_table)] = s.block_table
+        lens = np.array([s.seq_len for s in seqs], dtype=np.int32)
+        return BatchMetadata(list(seq_ids), tables, lens, self.page_size)
+
+    def block_table(self, seq_id) -> np.ndarray:
+        """int32 [num_pages_of_seq]: logical page -> page id."""
+        return np.array(self._get(seq_id).block_table, dtype=np.int32)
+
+    def sequence(self, seq_id) -> Sequence:
+        """The bookkeeping object of one sequence (read it, do not change it)."""
+        return self._get(seq_id)
+
+    def num_tokens(self, seq_id) -> int:
+        """Tokens of the sequence whose KV is written."""
+        return self._get(seq_id).num_tokens
+
+    def __contains__(self, seq_id) -> bool:
+        return seq_id in self._seqs
+
+    @property
+    def seq_ids(self) -> list:
+        return list(self._seqs)
+
+    def stats(self) -> dict:
+        pool = self.pool
+        return {
+            "num_pages": self.cfg.num_pages,
+            "num_free": pool.num_free,
+            "num_cached": pool.num_cached,
+            "num_in_use": pool.num_in_use,
+            "num_sequences": len(self._seqs),
+            "hits": self._hits,
+            "queries": self._queries,
+            "hit_rate": self._hits / self._queries if self._queries else 0.0,
+            "evictions": pool.num_evictions,
+            "cow_copies": self._cow_copies,
+            "usage": pool.num_in_use / self.cfg.num_pages,
+        }
+
+    def tick(self) -> int:
+        """Advance the event clock by one step (the engine ticks once per step)."""
+        self.clock += 1
+        return self.clock
+
+    def touch(self, page_id: int) -> None:
+        """Mark a cached page as just used (see :meth:`PagePool.touch`)."""
+        self.pool.touch(page_id)
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError naming the first broken invariant."""
+        self.pool.check_invariants()
+        ps = self.page_size
+        holders = [0] * self.cfg.num_pages
+        for sid, s in self._seqs.items():
+            assert len(s.block_table) * ps >= s.seq_len, f"sequence {sid!r}: too few pages"
+            assert len(s.block_table) <= -(-s.seq_len // ps) or s.seq_len == 0, (
+                f"sequence {sid!r} holds pages beyond its tokens"
+            )
+            assert len(s.page_hashes) == s.num_tokens // ps, f"sequence {sid!r}: hash chain length"
+            for i, p in enumerate(s.block_table):
+                holders[p] += 1
+                h = self.pool.page_hash(p)
+                if h is not None:
+                    assert i < len(s.page_hashes) and h == s.page_hashes[i], (
+                        f"sequence {sid!r}: indexed page {p} has another prefix's hash"
+                    )
+        for p in range(self.cfg.num_pages):
+            assert holders[p] == self.pool.ref_count(p), (
+                f"ref_count of page {p} is {self.pool.ref_count(p)} but {holders[p]} "
+                "block tables hold it"
+            )
+
+    # --------------------------------------------------------------- helpers
+    def _slots(self, bt: list, start: int, n: int) -> np.ndarray:
+        pos = np.arange(start, start + n, dtype=np.int64)  # [n] token positions
+        pages = np.asarray(bt, dtype=np.int64)[pos // self.page_size]  # [n] page ids
+        return pages * self.page_size + pos % self.page_size  # [n] slots
+
+    def _get(self, seq_id) -> Sequence:
+        try:
+            return self._seqs[seq_id]
+        except (KeyError, TypeError):
+            raise UnknownSequence(f"seq_id {seq_id!r} is not in the cache") from None
+
+    def _check_new_id(self, seq_id, name: str) -> None:
+        if isinstance(seq_id, bool) or not isinstance(seq_id, (str, int, np.integer)):
+            raise DTypeError(f"{name} must be a str or int, got {type(seq_id).__name__}")
+        if seq_id in self._seqs:
+            raise DuplicateSequence(f"{name} {seq_id!r} is already in the cache")
+
+    def _on_pool_event(self, kind: str, page_id: int) -> None:
+        self._log(kind, page_id)
+
+    def _log(self, kind: str, page_id: int, seq_id=None) -> None:
+        if self.record_events:
+            self.events.append(Event(self.clock, kind, page_id,
+                                     self._actor if seq_id is None else seq_id))
+
+
+def as_token_ids(x, name: str, allow_empty: bool = False) -> list:
+    """Validate a 1-D sequence of non-negative integer token ids; return a list of ints."""
+    arr = np.asarray(x)
+    if arr.ndim != 1:
+        raise ShapeError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.size == 0:
+        if allow_empty:
+            return []
+        raise InvalidArgument(f"{name} must not be empty")
+    if arr.dtype.kind not in "iu":
+        raise DTypeError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
+    if arr.min() < 0:
+        raise InvalidArgument(f"{name} holds a negative token id ({int(arr.min())})")
+    return arr.tolist()
+
+
+def _count(n, name: str) -> int:
+    if isinstance(n, bool) or not hasattr(n, "__index__"):
+        raise DTypeError(f"{name} must be an int, got {type(n).__name__}")
+    if int(n) < 1:
+        raise InvalidArgument(f"{name} must be >= 1, got {int(n)}")
+    return int(n)
+
+
+def _as_extra_key(key) -> bytes | None:
+    if key is None or isinstance(key, bytes):
+        return key
+    if isinstance(key, (str, int)):
+        return str(key).encode()
+    raise DTypeError(f"extra_key must be bytes, str or int, got {type(key).__name__}")

@@ -1,0 +1,255 @@
+"""The page pool: who holds each page, which pages are free, which are cached.
+
+This is the allocator behind the paged KV cache (vLLM's ``BlockPool``). It
+knows nothing about tensors: a page is just an id ``0 <= id < num_pages``.
+Per page it keeps
+
+- ``ref_count``: how many block tables hold the page;
+- the prefix hash and the token ids of its contents, once the page is full and
+  *indexed* (registered in the hash -> page map, so later prompts can find it).
+
+and overall a free list (a stack), the hash index (a dict) and an eviction
+policy object holding the CACHED pages. Each page is in exactly one state:
+
+==========  ===================  ====================================
+state       ref_count            where it lives
+==========  ===================  ====================================
+FREE        0                    the free list, no hash
+IN_USE      >= 1                 one or more block tables
+CACHED      0                    the eviction policy, indexed by hash
+==========  ===================  ====================================
+
+Every operation is O(1) (O(log n) under the heap-based FIFO/LFU policies):
+no ``list.remove``, no scan over all pages. ``benchmarks/pool_ops.py`` checks
+that the cost per operation stays flat from 1K to 1M pages.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .errors import DTypeError, IndexOutOfRange, OutOfPages, StalePage
+from .eviction import make_policy
+
+FREE, IN_USE, CACHED = "free", "in_use", "cached"
+
+
+class PagePool:
+    """Free list, reference counts, prefix-hash index and eviction policy.
+
+    Parameters
+    ----------
+    num_pages : int
+        Pages in the arena.
+    page_size : int
+        Token slots per page (the pool only reports it; it never looks inside).
+    eviction_policy : {"lru", "fifo", "lfu"}
+        Which CACHED page an allocation evicts when no page is FREE.
+
+    Example
+    -------
+    >>> pool = PagePool(4, 16)
+    >>> p = pool.allocate(); pool.ref_count(p)
+    1
+    >>> pool.free(p); pool.num_free
+    4
+    """
+
+    def __init__(self, num_pages: int, page_size: int, eviction_policy: str = "lru"):
+        from .config import _positive_int
+
+        self.num_pages = _positive_int("num_pages", num_pages, "PagePool")
+        self.page_size = _positive_int("page_size", page_size, "PagePool")
+        self.policy = make_policy(eviction_policy)
+        self._ref = [0] * self.num_pages  # ref_count per page
+        # Stack of FREE pages; popping from the end hands out page 0 first.
+        self._free = list(range(self.num_pages - 1, -1, -1))
+        self._hash: list[bytes | None] = [None] * self.num_pages  # set while indexed
+        self._tokens: list[tuple | None] = [None] * self.num_pages  # contents of indexed pages
+        self._index: dict[bytes, int] = {}  # prefix hash -> page id
+        self.num_evictions = 0
+        #: Called as ``listener(kind, page_id)`` on allocate / evict / hit / cache / free.
+        self.listener: Callable[[str, int], None] | None = None
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def eviction_policy(self) -> str:
+        return self.policy.name
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self.policy)
+
+    @property
+    def num_in_use(self) -> int:
+        return self.num_pages - len(self._free) - len(self.policy)
+
+    @property
+    def num_available(self) -> int:
+        """Pages an allocation can get now: FREE ones, then CACHED ones by eviction."""
+        return len(self._free) + len(self.policy)
+
+    def ref_count(self, page_id: int) -> int:
+        return self._ref[self._check_id(page_id)]
+
+    def state(self, page_id: int) -> str:
+        """``"free"``, ``"in_use"`` or ``"cached"``."""
+        p = self._check_id(page_id)
+        if self._ref[p] > 0:
+            return IN_USE
+        return CACHED if p in self.policy else FREE
+
+    def page_hash(self, page_id: int) -> bytes | None:
+        """The prefix hash of an indexed page, else None."""
+        return self._hash[self._check_id(page_id)]
+
+    def lookup(self, page_hash: bytes, token_ids=None) -> int | None:
+        """The indexed page with this hash (and these tokens, if given), or None.
+
+        Comparing the tokens too guards against a hash collision handing one
+        prompt another prompt's KV.
+        """
+        p = self._index.get(page_hash)
+        if p is None or (token_ids is not None and self._tokens[p] != tuple(token_ids)):
+            return None
+        return p
+
+    def eviction_order(self) -> list[int]:
+        """CACHED pages, next victim first (O(n), for drawings and tests)."""
+        return self.policy.order()
+
+    # ---------------------------------------------------------------- mutations
+    def allocate(self) -> int:
+        """Take one page: a FREE one, else evict the policy's victim. ref_count becomes 1.
+
+        Raises ``OutOfPages`` (changing nothing) when no page is FREE or CACHED.
+        """
+        if self._free:
+            p = self._free.pop()
+        elif len(self.policy):
+            p = self.policy.pop_victim()  # only ref_count == 0 pages live there
+            self._drop_hash(p)
+            self.num_evictions += 1
+            self._emit("evict", p)
+        else:
+            raise OutOfPages(f"no free or cached page left (num_pages={self.num_pages})")
+        self._ref[p] = 1
+        self._emit("allocate", p)
+        return p
+
+    def allocate_many(self, n: int) -> list[int]:
+        """Take ``n`` pages, all or nothing."""
+        if n > self.num_available:
+            raise OutOfPages(
+                f"need {n} pages, only {self.num_available} free or cached "
+                f"(num_pages={self.num_pages})"
+            )
+        return [self.allocate() for _ in range(n)]
+
+    def free(self, page_id: int) -> None:
+        """Drop one reference. At zero an indexed page becomes CACHED, others FREE.
+
+        Raises ``StalePage`` if the page holds no reference.
+        """
+        p = self._check_id(page_id)
+        if self._ref[p] == 0:
+            raise StalePage(f"page_id {p} is not in use (freed twice?)")
+        self._ref[p] -= 1
+        if self._ref[p] == 0:
+            if self._hash[p] is not None:
+                self.policy.add(p)  # the young end of the eviction order
+                self._emit("cache", p)
+            else:
+                self._free.append(p)
+                self._emit("free", p)
+
+    def share(self, page_id: int) -> None:
+        """One more block table holds an IN_USE page (a fork)."""
+        p = self._check_id(page_id)
+        if self._ref[p] == 0:
+            raise StalePage(f"page_id {p} is not in use: it cannot be shared")
+        self._ref[p] += 1
+
+    def acquire(self, page_id: int) -> None:
+        """Prefix hit: take a reference on an indexed page, CACHED or IN_USE.
+
+        A CACHED page leaves the eviction policy (it is IN_USE again).
+        """
+        p = self._check_id(page_id)
+        if self._hash[p] is None:
+            raise StalePage(f"page_id {p} is not indexed: there is nothing to hit")
+        if self._ref[p] == 0:
+            self.policy.remove(p)
+        self._ref[p] += 1
+        self.policy.record_hit(p)
+        self._emit("hit", p)
+
+    def register(self, page_id: int, page_hash: bytes, token_ids) -> bool:
+        """Index a full IN_USE page under its prefix hash so later prompts find it.
+
+        Returns False (and indexes nothing) when another page already holds
+        this hash: the duplicate stays out of the index and goes FREE later.
+        """
+        p = self._check_id(page_id)
+        if self._ref[p] == 0:
+            raise StalePage(f"page_id {p} is not in use: only held pages are registered")
+        if not isinstance(page_hash, bytes):
+            raise DTypeError(f"page_hash must be bytes, got {type(page_hash).__name__}")
+        if page_hash in self._index or self._hash[p] is not None:
+            return False
+        self._index[page_hash] = p
+        self._hash[p] = page_hash
+        self._tokens[p] = tuple(token_ids)
+        return True
+
+    def touch(self, page_id: int) -> None:
+        """Mark a CACHED page as just used: it moves to the far end of the eviction order."""
+        p = self._check_id(page_id)
+        if p not in self.policy:
+            raise StalePage(f"page_id {p} is not cached: only cached pages can be touched")
+        self.policy.touch(p)
+
+    # ------------------------------------------------------------------ helpers
+    def _drop_hash(self, p: int) -> None:
+        del self._index[self._hash[p]]
+        self._hash[p] = None
+        self._tokens[p] = None
+        self.policy.forget(p)
+
+    def _emit(self, kind: str, p: int) -> None:
+        if self.listener is not None:
+            self.listener(kind, p)
+
+    def _check_id(self, page_id) -> int:
+        if isinstance(page_id, bool) or not hasattr(page_id, "__index__"):
+            raise DTypeError(f"page_id must be an int, got {type(page_id).__name__}")
+        p = int(page_id)
+        if not 0 <= p < self.num_pages:
+            raise IndexOutOfRange(f"page_id {p} is outside [0, {self.num_pages})")
+        return p
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError naming the first broken invariant (O(num_pages))."""
+        n = self.num_pages
+        free = set(self._free)
+        assert len(free) == len(self._free), "free list holds a page twice"
+        cached = set(self.policy.order())
+        assert len(cached) == len(self.policy), "eviction policy holds a page twice"
+        assert not (free & cached), "a page is both FREE and CACHED"
+        in_use = {p for p in range(n) if self._ref[p] > 0}
+        assert not (in_use & (free | cached)), "a page with ref_count > 0 is FREE or CACHED"
+        assert len(free) + len(cached) + len(in_use) == n, "page conservation: pages lost"
+        assert all(r >= 0 for r in self._ref), "negative ref_count"
+        for p in free:
+            assert self._hash[p] is None, f"FREE page {p} still has a hash"
+        for p in cached:
+            assert self._hash[p] is not None, f"CACHED page {p} has no hash"
+        for h, p in self._index.items():
+            assert self._hash[p] == h, f"hash index points to page {p}, whose hash differs"
+        assert sum(h is not None for h in self._hash) == len(self._index), (
+            "a page has a hash but is not in the index"
+        )
