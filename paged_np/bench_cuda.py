@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .config import CacheConfig
+
 DEFAULTS = dict(batch=32, num_heads=32, num_kv_heads=8, head_dim=128, page_size=16,
                 context=8192, iters=20)
 SMOKE = dict(batch=2, num_heads=4, num_kv_heads=2, head_dim=16, page_size=16, context=40,
@@ -74,7 +76,9 @@ def run(args=None) -> dict:
     block_tables = rng.permutation(num_pages).astype(np.int32).reshape(B, pages_per_seq)
     seq_lens = np.full(B, ctx, np.int32)
     qsl = np.arange(B + 1, dtype=np.int32)                     # one query per sequence
-    arena = nc.DeviceArena((1, 2, num_pages, Hkv, ps, D), np.float16)   # zeros: fine
+    cfg_cache = CacheConfig(num_pages=num_pages, page_size=ps, num_kv_heads=Hkv, head_dim=D,
+                            dtype=np.float16)
+    arena = nc.DeviceArena(cfg_cache)                          # zeros: the values do not matter
     k_pages, v_pages = arena.layer(0)
     q = cuda.to_device(rng.standard_normal((B, H, D)).astype(np.float32))
     out = cuda.device_array((B, H, D), np.float32)

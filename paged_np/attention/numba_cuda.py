@@ -29,6 +29,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..arena import Arena
+from ..config import CacheConfig
 from ..errors import CudaUnavailable, DTypeError, IndexOutOfRange, ShapeError
 
 INSTALL_HINT = (
@@ -253,42 +255,49 @@ def reshape_and_cache(k_pages, v_pages, slots, k, v):
         k_pages, v_pages, cuda.to_device(slots_h), _to_device(k), _to_device(v))
 
 
-class DeviceArena:
+class DeviceArena(Arena):
     """The arena ``[num_layers, 2, num_pages, num_kv_heads, page_size, head_dim]`` on the GPU.
 
-    Same layout as the host arena, so ``layer(i)`` gives the ``k_pages, v_pages``
-    device views that :func:`forward` reads without any copy.
+    ``PagedKVCache(cfg, device="cuda")`` holds one instead of the host
+    :class:`~paged_np.arena.Arena`: same layout, same methods, same checks (the
+    layer and slot checks are inherited), but ``data`` is a device array, writes
+    and copy-on-write copies run as kernels, and ``layer(i)`` gives the
+    ``k_pages, v_pages`` device views that :func:`forward` reads without a copy.
     """
 
-    def __init__(self, shape, dtype):
-        self.data = cuda.device_array(tuple(shape), np.dtype(dtype))
+    def __init__(self, cfg: CacheConfig):
+        self.cfg = cfg
+        self.data = cuda.device_array(cfg.arena_shape, cfg.dtype)    # uninitialised...
         flat = self.data.reshape(self.data.size)
-        K.fill_zero_kernel[min(1024, -(-flat.size // K.THREADS)) or 1, K.THREADS](flat)
+        blocks = max(1, min(1024, -(-flat.size // K.THREADS)))
+        K.fill_zero_kernel[blocks, K.THREADS](flat)                   # ...so zero it
 
-    @property
-    def shape(self):
-        return tuple(self.data.shape)
-
-    def layer(self, i: int):
-        """``(k_pages, v_pages)`` of layer ``i``: device views, no copy."""
+    def layer(self, layer: int):
+        """``(k_pages, v_pages)`` of one layer: device views, no copy."""
+        i = self.check_layer(layer)
         return self.data[i, 0], self.data[i, 1]
 
-    def write(self, layer: int, slots, k, v):
-        """``k, v [n, num_kv_heads, head_dim]`` -> their slots of ``layer`` (on the device)."""
+    def write(self, layer: int, slots, k, v) -> None:
+        """``k, v [n, num_kv_heads, head_dim]`` (host or device) -> their slots, on the device."""
         k_pages, v_pages = self.layer(layer)
-        reshape_and_cache(k_pages, v_pages, slots, k, v)
+        reshape_and_cache(k_pages, v_pages, self.check_slots(slots), k, v)
 
-    def copy_pages(self, src, dst):
-        """Copy-on-write on the device: page ``src[i]`` -> ``dst[i]``, all layers, K and V."""
-        src = np.asarray(src, dtype=np.int32).reshape(-1)
-        dst = np.asarray(dst, dtype=np.int32).reshape(-1)
-        n_pages = self.data.shape[2]
+    def copy_page(self, src: int, dst: int) -> None:
+        """Copy-on-write on the device: page ``src`` -> ``dst``, all layers, K and V."""
+        self.copy_pages([src], [dst])
+
+    def copy_pages(self, src, dst) -> None:
+        """Copy pages ``src[i] -> dst[i]`` (int lists) in one kernel launch."""
+        src = np.asarray(src, dtype=np.int64).reshape(-1)
+        dst = np.asarray(dst, dtype=np.int64).reshape(-1)
+        n_pages = self.cfg.num_pages
         if src.shape != dst.shape or np.any((src < 0) | (src >= n_pages) | (dst < 0)
                                             | (dst >= n_pages)):
             raise IndexOutOfRange(f"src, dst: page ids must pair up and lie in [0, {n_pages})")
         if src.size:
-            K.copy_pages_kernel[(src.size, 2 * self.data.shape[0]), K.THREADS](
-                self.data, cuda.to_device(src), cuda.to_device(dst))
+            K.copy_pages_kernel[(src.size, 2 * self.cfg.num_layers), K.THREADS](
+                self.data, cuda.to_device(src.astype(np.int32)),
+                cuda.to_device(dst.astype(np.int32)))
 
     def to_host(self) -> np.ndarray:
         """A host copy of the whole arena (a device -> host transfer)."""

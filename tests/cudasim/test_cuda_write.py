@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from dense_ref import dense_attention
 
+from paged_np import CacheConfig
 from paged_np.attention import numba_cuda as nc
 from paged_np.errors import DTypeError, IndexOutOfRange, ShapeError
 
@@ -47,7 +48,8 @@ def test_reshape_and_cache_refuses_bad_input():
 def test_device_arena_write_read_and_copy_on_write():
     rng = np.random.default_rng(4)
     L, P, Hkv, ps, D = 2, 4, 1, 4, 8
-    arena = nc.DeviceArena((L, 2, P, Hkv, ps, D), np.float16)
+    arena = nc.DeviceArena(CacheConfig(num_pages=P, page_size=ps, num_layers=L,
+                                       num_kv_heads=Hkv, head_dim=D, dtype=np.float16))
     assert not np.any(arena.to_host()), "a new arena starts zeroed"
     k = rng.standard_normal((6, Hkv, D)).astype(np.float32)
     v = rng.standard_normal((6, Hkv, D)).astype(np.float32)
@@ -65,7 +67,7 @@ def test_device_arena_write_read_and_copy_on_write():
     ref, _ = dense_attention(q, host[1, 0], host[1, 1], bt, sl, qsl, 0.4)
     np.testing.assert_allclose(out, ref, atol=2e-5)
     # Copy-on-write: page 2 -> page 3 in every layer, K and V, on the device.
-    arena.copy_pages([2], [3])
+    arena.copy_page(2, 3)
     after = arena.to_host()
     np.testing.assert_array_equal(after[:, :, 3], host[:, :, 2])
     np.testing.assert_array_equal(after[:, :, :3], host[:, :, :3])
