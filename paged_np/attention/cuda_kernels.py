@@ -66,6 +66,21 @@ FULL_MASK = 0xFFFFFFFF               # every lane of the warp takes part in a sh
 
 
 # ---------------------------------------------------------------------------
+# Scalar helpers. Spelled out rather than the builtins min/max, whose typing in
+# Numba's CUDA target goes through a generic overload that fails to compile
+# for device code in some Numba versions.
+# ---------------------------------------------------------------------------
+@cuda.jit(device=True)
+def _max(a, b):
+    return a if a > b else b
+
+
+@cuda.jit(device=True)
+def _min(a, b):
+    return a if a < b else b
+
+
+# ---------------------------------------------------------------------------
 # Warp reductions over the TILE_N lanes of one row: a butterfly of xor
 # shuffles (offsets 8, 4, 2, 1), after which every lane holds the result.
 # Called by every thread of the block at the same point (uniform control flow).
@@ -74,7 +89,7 @@ FULL_MASK = 0xFFFFFFFF               # every lane of the warp takes part in a sh
 def _row_max(x):
     offset = TILE_N // 2
     while offset > 0:
-        x = max(x, cuda.shfl_xor_sync(FULL_MASK, x, offset))
+        x = _max(x, cuda.shfl_xor_sync(FULL_MASK, x, offset))
         offset //= 2
     return x
 
@@ -115,21 +130,21 @@ def paged_attention_kernel(q, k_pages, v_pages, block_tables, seq_lens, query_st
     seq_len = seq_lens[b]
     q0 = query_start_loc[b]
     n_q = query_start_loc[b + 1] - q0
-    n_rows = min(ROWS, n_q * group - row0)      # rows of this tile (last tile: fewer)
+    n_rows = _min(ROWS, n_q * group - row0)      # rows of this tile (last tile: fewer)
     first = seq_len - n_q                       # position of query 0
 
     # This thread's row -> query i -> position. Rows past n_rows never count.
-    my_row = row0 + min(r, n_rows - 1)
+    my_row = row0 + _min(r, n_rows - 1)
     pos = first + my_row // group
     # Keys the block needs: the union of its rows' windows.
     kv_hi = first + (row0 + n_rows - 1) // group + 1
     kv_lo = 0
     if window > 0:
-        kv_lo = max(0, first + row0 // group - window + 1)
+        kv_lo = _max(0, first + row0 // group - window + 1)
     n_tiles = (kv_hi - kv_lo + TILE_N - 1) // TILE_N
     per_split = (n_tiles + num_splits - 1) // num_splits
     t_begin = split * per_split
-    t_end = min(n_tiles, t_begin + per_split)
+    t_end = _min(n_tiles, t_begin + per_split)
 
     q_s = cuda.shared.array((ROWS, PAD), float32)        # scaled queries
     k_s = cuda.shared.array((TILE_N, PAD), float32)      # K tile, as float32
@@ -193,7 +208,7 @@ def paged_attention_kernel(q, k_pages, v_pages, block_tables, seq_lens, query_st
             for d in range(head_dim):
                 dot += q_s[r, d] * k_s[n, d]
             s = dot
-        m_new = max(m_run, _row_max(s))
+        m_new = _max(m_run, _row_max(s))
         p = float32(0.0)
         if valid:
             p = math.exp(s - m_new)
@@ -255,7 +270,7 @@ def merge_splits_kernel(out_part, lse_part, out, lse):
     head_dim = out.shape[2]
     m = float32(SENTINEL)
     for s in range(num_splits):
-        m = max(m, lse_part[s, t, h])
+        m = _max(m, lse_part[s, t, h])
     total = float32(0.0)
     for s in range(num_splits):
         total += math.exp(lse_part[s, t, h] - m)
