@@ -48,12 +48,22 @@ def test_cuda_backend_without_gpu_raises_named_error():
             print("MESSAGE:", e)
         else:
             raise SystemExit("imported without a GPU or the simulator")
+        import numpy as np
+        import paged_np as pnp
+        z = np.zeros((1, 1, 1, 8), np.float32)
+        try:
+            pnp.paged_attention(np.zeros((1, 1, 8), np.float32), z, z,
+                                np.zeros((1, 1), np.int32), np.ones(1, np.int32),
+                                backend="cuda")
+        except CudaUnavailable as e:
+            print("PUBLIC:", e)
     """)
     res = _run(["-c", code], {}, timeout=120)
     assert res.returncode == 0, res.stderr
     if "GPU-PRESENT" in res.stdout:
         pytest.skip("a real GPU is present: numba.cuda is usable")
     msg = res.stdout
+    assert "PUBLIC:" in msg, "paged_attention(backend='cuda') did not raise CudaUnavailable"
     assert 'pip install "paged-np[cuda]"' in msg
     assert "numba-cuda[cu12]" in msg and "numba-cuda[cu13]" in msg
     assert "NUMBA_ENABLE_CUDASIM=1" in msg

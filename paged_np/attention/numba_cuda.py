@@ -17,9 +17,10 @@ Run without a GPU (slow: one Python thread per GPU thread, tiny shapes only)::
 
     NUMBA_ENABLE_CUDASIM=1 python -c "import paged_np.attention.numba_cuda"
 
-Numba's simulator has no warp shuffles; on the simulator this module adds a
-``shfl_xor_sync`` to it that exchanges values through a barrier per warp, so
-the kernels run unchanged.
+Numba's simulator has no warp shuffles and its device arrays carry no
+``__cuda_array_interface__``; on the simulator this module adds both (a
+``shfl_xor_sync`` that exchanges values through a barrier per warp, and the
+interface's shape/dtype/strides), so the kernels and callers run unchanged.
 """
 
 from __future__ import annotations
@@ -87,8 +88,30 @@ def _install_simulator_shuffle():
     FakeCUDAModule.shfl_xor_sync = shfl_xor_sync
 
 
+def _install_simulator_array_interface():
+    """Let simulated device arrays say they are device arrays, as real ones do.
+
+    ``paged_attention`` recognises a device array by ``__cuda_array_interface__``
+    (shape, dtype, strides; it never touches the pointer). Real numba device
+    arrays have it; the simulator's stand-ins do not, so they would be refused.
+    """
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    if hasattr(FakeCUDAArray, "__cuda_array_interface__"):
+        return
+
+    def interface(self):
+        a = self._ary                                   # the host array it simulates
+        return {"shape": a.shape, "typestr": a.dtype.str, "version": 3,
+                "strides": None if a.flags.c_contiguous else a.strides,
+                "data": (a.ctypes.data, False)}
+
+    FakeCUDAArray.__cuda_array_interface__ = property(interface)
+
+
 if SIMULATOR:
     _install_simulator_shuffle()
+    _install_simulator_array_interface()
 
 from . import cuda_kernels as K  # noqa: E402  (needs numba.cuda checked first)
 

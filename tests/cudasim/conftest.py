@@ -19,4 +19,5 @@ _ENABLED = (os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 if not _ENABLED:
     collect_ignore_glob = ["test_*.py"]
 else:
-    sys.path.insert(0, os.path.dirname(__file__))      # for dense_ref
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:0] = [_HERE, os.path.dirname(_HERE)]      # dense_ref, attention_cases
