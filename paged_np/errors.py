@@ -58,12 +58,16 @@ class DTypeError(PagedNPError, TypeError):
     """An argument of the wrong type or array dtype."""
 
 
-class CudaUnavailable(PagedNPError, ImportError):
+class BackendUnavailable(PagedNPError, ImportError):
+    """The requested attention backend cannot be imported here."""
+
+
+class CudaUnavailable(BackendUnavailable):
     """``backend="cuda"`` asked for, but ``numba.cuda`` has no GPU and no simulator.
 
-    An ``ImportError`` too: importing :mod:`paged_np.attention.numba_cuda`
-    raises it, and the message says how to install the ``cuda`` extra or turn
-    on Numba's CUDA simulator.
+    A :class:`BackendUnavailable` (an ``ImportError`` too): importing
+    :mod:`paged_np.attention.numba_cuda` raises it, and the message says how to
+    install the ``cuda`` extra or turn on Numba's CUDA simulator.
     """
 
 
@@ -78,5 +82,6 @@ __all__ = [
     "IndexOutOfRange",
     "DuplicateSequence",
     "DTypeError",
+    "BackendUnavailable",
     "CudaUnavailable",
 ]
