@@ -63,22 +63,6 @@ def paged_attention(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc
                     scale=None, sliding_window=None, backend="auto", return_lse=False):
     """Attention of a batch of queries over a paged KV cache.
 
-    Parameters
-    ----------
-    q : float32 ``[T, num_heads, head_dim]``, ``T`` = query tokens of the batch.
-        float16/float64 are cast to float32 (a copy).
-    k_pages, v_pages : ``[num_pages, num_kv_heads, page_size, head_dim]``, both
-        float32 or both float16 (typically ``cache.layer(i)``); compute is float32.
-    block_tables : int ``[B, max_pages]``; for sequence ``b`` the first
-        ``ceil(seq_lens[b] / page_size)`` entries are page ids, the rest ignored.
-    seq_lens : int ``[B]``, tokens of each sequence in the cache (this step's included).
-    query_start_loc : int ``[B+1]``, cumulative query counts (``0``, ..., ``T``);
-        None means one query per sequence (decode, ``T == B``).
-    scale : float > 0, default ``1 / sqrt(head_dim)``.
-    sliding_window : int >= 1 or None: a query sees its last ``sliding_window`` keys.
-    backend : "numpy" | "numba" | "cuda" | "auto".
-    return_lse : also return ``lse`` float32 ``[T, num_heads]`` (natural log).
-
     Query ``i`` of sequence ``b`` (with ``n_q`` queries) sits at position
     ``seq_lens[b] - n_q + i`` and sees keys at positions ``<=`` its own (and
     ``> position - sliding_window``). Query head ``h`` reads kv head
@@ -87,7 +71,46 @@ def paged_attention(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc
     Non-contiguous host arrays are copied to C order first (a full copy of the
     pages if they are strided: pass ``cache.layer(i)`` views, which are contiguous).
 
-    Returns ``out`` float32 ``[T, num_heads, head_dim]``, or ``(out, lse)``.
+    Parameters
+    ----------
+    q : ndarray, float32 ``[T, num_heads, head_dim]``
+        ``T`` = query tokens of the batch. float16/float64 are cast to float32 (a copy).
+    k_pages, v_pages : ndarray ``[num_pages, num_kv_heads, page_size, head_dim]``
+        Both float32 or both float16 (typically ``cache.layer(i)``); compute is float32.
+    block_tables : int array ``[B, max_pages]``
+        For sequence ``b`` the first ``ceil(seq_lens[b] / page_size)`` entries are
+        page ids, the rest ignored.
+    seq_lens : int array ``[B]``
+        Tokens of each sequence in the cache (this step's included).
+    query_start_loc : int array ``[B+1]``, optional
+        Cumulative query counts (``0``, ..., ``T``); None means one query per
+        sequence (decode, ``T == B``).
+    scale : float, optional
+        ``> 0``, default ``1 / sqrt(head_dim)``.
+    sliding_window : int, optional
+        ``>= 1`` or None: a query sees its last ``sliding_window`` keys.
+    backend : {"auto", "numpy", "numba", "cuda"}
+        "auto" picks cuda for device arrays, else numba if it imports, else numpy.
+    return_lse : bool
+        Also return the log-sum-exp of each row's scaled scores.
+
+    Returns
+    -------
+    out : ndarray, float32 ``[T, num_heads, head_dim]``
+    lse : ndarray, float32 ``[T, num_heads]``
+        Natural log; only when ``return_lse`` is True (then ``(out, lse)`` is returned).
+
+    Example
+    -------
+    >>> import numpy as np, paged_np as pnp
+    >>> rng = np.random.default_rng(0)
+    >>> k_pages = rng.standard_normal((4, 1, 2, 8), dtype=np.float32)  # 4 pages of 2 tokens
+    >>> v_pages = rng.standard_normal((4, 1, 2, 8), dtype=np.float32)
+    >>> q = rng.standard_normal((1, 2, 8), dtype=np.float32)      # one decode query, 2 heads
+    >>> out = pnp.paged_attention(q, k_pages, v_pages, np.array([[3, 0]]), np.array([3]),
+    ...                           backend="numpy")
+    >>> out.shape
+    (1, 2, 8)
     """
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise InvalidArgument(f"backend must be one of {BACKENDS}, got {backend!r}")
