@@ -339,7 +339,7 @@ def draw_timeline(events, num_pages: int, steps=None, ax=None, title: str | None
     ax.set_ylim(0, num_pages)
     ax.set_ylabel("pages")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7, frameon=False)
-    ax.set_title(title or "pages by state", fontsize=9, loc="left")
+    ax.set_title(title or "pages by state", fontsize=9, loc="left", pad=12)
     if ax2 is not None:
         xs = list(range(len(steps)))
         for key, color in (("num_running", "tab:green"), ("num_waiting", "tab:orange")):

@@ -72,7 +72,8 @@ def event_slider(events, num_pages: int, by: str = "step", cols: int = 16,
     """An ipywidgets slider over the frames, or a static figure without ipywidgets.
 
     The static fallback stacks ``static_frames`` frames spread evenly over the
-    log (always the first and the last), one arena grid per row.
+    log (always the first and the last), one arena grid per row. Either way,
+    make it the last expression of a cell to show it.
     """
     frames = replay_events(events, num_pages, by=by)
     if not frames:
@@ -107,4 +108,6 @@ def _static_frames(frames, cols: int, k: int):
     for ax, i in zip(axes[:, 0], picks):
         draw_frame(frames[i], ax=ax, cols=cols)
     fig.tight_layout()
+    # Detach from pyplot: Jupyter then shows it once, as the cell's value, like a widget.
+    plt.close(fig)
     return fig

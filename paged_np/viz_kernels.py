@@ -64,7 +64,8 @@ def draw_online_softmax(q, k, page_size: int, scale: float | None = None):
     fig, (a1, a2, a3) = plt.subplots(3, 1, figsize=(8, 6.2), sharex=True)
 
     a1.bar(pos, t["scores"], color=colors, width=0.85)
-    a1.stairs(t["m"], edges, baseline=None, color="tab:red", linewidth=1.8, label="running max m")
+    a1.stairs(t["m"], edges, baseline=None, color="tab:red", linewidth=1.8,
+              label="running max m")
     a1.set_ylabel("score q.k")
     a1.legend(fontsize=7, loc="lower right")
     a1.set_title(f"one query over {n} keys in {n_pages} pages of {page_size}", fontsize=9,
