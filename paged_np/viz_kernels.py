@@ -75,10 +75,11 @@ def draw_online_softmax(q, k, page_size: int, scale: float | None = None):
               label="running sum l = sum exp(s - m)")
     for i in range(1, n_pages):
         if t["alpha"][i] < 0.999:  # the max grew on page i: the old sum was rescaled
-            a2.annotate(f"x{t['alpha'][i]:.2f}", (edges[i], t["l"][i]), fontsize=7,
-                        color="tab:red", ha="left", va="bottom")
+            a2.annotate(f" old l x {t['alpha'][i]:.2f}", (edges[i], t["l"][i - 1]), fontsize=7,
+                        color="tab:red", ha="left", va="top")
     a2.set_ylabel("l")
-    a2.legend(fontsize=7, loc="upper left")
+    a2.set_ylim(0, 1.15 * t["l"].max())
+    a2.legend(fontsize=7, loc="lower right")
 
     dense = np.exp(t["scores"] - t["scores"].max())
     dense /= dense.sum()                                    # [n] softmax in one go
