@@ -1,5 +1,21 @@
 """Drawings of the cache with matplotlib. Every function returns a Figure.
 
+What each one shows (all take a :class:`~paged_np.PagedKVCache` or its
+``events`` log; colours: FREE grey, CACHED gold, IN_USE the owner's colour):
+
+- :func:`draw_arena`: every page of the arena as a square, labelled with its
+  owners; a shared page shows its ref count (``x2``).
+- :func:`draw_block_tables`: each sequence's logical pages with an arrow to
+  the page id that holds them; shared pages receive several arrows.
+- :func:`draw_lru`: the CACHED pages in eviction order, next victim first.
+- :func:`replay_events`, :func:`state_counts`, :func:`draw_frame`,
+  :func:`draw_timeline`: the arena rebuilt from ``cache.events``, step by step,
+  and the pages by state over time (with requests running / waiting and
+  preemptions from per-step engine metrics).
+
+Elsewhere: :mod:`paged_np.viz_anim` (an animation and a slider over the
+events), :mod:`paged_np.viz_kernels` (one query's online softmax, the roofline).
+
 Library code never calls ``plt.show()``: a notebook shows the returned figure,
 a script saves it (``fig.savefig(path)``).
 """

@@ -93,3 +93,56 @@ def draw_online_softmax(q, k, page_size: int, scale: float | None = None):
             a.axvline(e, color="grey", linewidth=0.5, linestyle=":")
     fig.tight_layout()
     return fig
+
+
+def draw_roofline(points, peak_bandwidth: float, peak_flops: float | None = None, ax=None,
+                  title: str | None = None):
+    """The roofline: achieved FLOP/s against arithmetic intensity, on log-log axes.
+
+    ``points`` is a list of dicts with ``label``, ``flops``, ``bytes`` (moved
+    to or from memory per call) and ``seconds`` (per call). Each becomes a dot
+    at intensity ``flops / bytes`` and speed ``flops / seconds``.
+    ``peak_bandwidth`` (bytes/s) draws the slanted memory roof, ``peak_flops``
+    (FLOP/s, optional) the flat compute roof. A kernel under the slanted roof
+    is memory-bound: its best possible speed is ``intensity * bandwidth``, and
+    the dot's height shows how much of that bandwidth it reaches. Decode
+    attention reads every K/V byte once for about 1 FLOP per byte (fp32), so
+    it always sits far left, under the memory roof.
+    """
+    plt = _pyplot()
+    if not points:
+        raise InvalidArgument("points is empty: there is nothing to draw")
+    if not peak_bandwidth > 0:
+        raise InvalidArgument(f"peak_bandwidth must be > 0, got {peak_bandwidth!r}")
+    for i, pt in enumerate(points):
+        for key in ("label", "flops", "bytes", "seconds"):
+            if key not in pt:
+                raise InvalidArgument(f"points[{i}] has no {key!r}")
+        if not (pt["flops"] > 0 and pt["bytes"] > 0 and pt["seconds"] > 0):
+            raise InvalidArgument(f"points[{i}]: flops, bytes and seconds must be > 0")
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+    else:
+        fig = ax.figure
+    intensity = np.array([p["flops"] / p["bytes"] for p in points])   # [n] FLOP/byte
+    speed = np.array([p["flops"] / p["seconds"] for p in points])     # [n] FLOP/s
+    lo, hi = intensity.min() / 4, intensity.max() * 4
+    if peak_flops:
+        hi = max(hi, 4 * peak_flops / peak_bandwidth)
+    x = np.geomspace(lo, hi, 200)                                     # [200]
+    roof = x * peak_bandwidth if not peak_flops else np.minimum(x * peak_bandwidth, peak_flops)
+    ax.loglog(x, roof, color="black", linewidth=1.5, label="roofline")
+    for i, p in enumerate(points):
+        ax.loglog(intensity[i], speed[i], "o", markersize=7, label=p["label"])
+        frac = speed[i] / min(intensity[i] * peak_bandwidth, peak_flops or np.inf)
+        ax.annotate(f"{frac:.0%}", (intensity[i], speed[i]), textcoords="offset points",
+                    xytext=(6, -10), fontsize=7)
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("FLOP / s")
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
+    ax.set_title(title or f"roofline: memory roof {peak_bandwidth / 1e9:.1f} GB/s"
+                 + (f", compute roof {peak_flops / 1e9:.0f} GFLOP/s" if peak_flops else ""),
+                 fontsize=9, loc="left")
+    fig.tight_layout()
+    return fig

@@ -196,3 +196,16 @@ def test_draw_online_softmax_panels():
     fig = viz_kernels.draw_online_softmax(rng.normal(size=8), rng.normal(size=(10, 8)), 4)
     assert len(fig.axes) == 3
     assert len(fig.axes[0].patches) == 10 + 1   # one bar per key, the running-max stairs
+
+
+def test_roofline_points_and_roofs():
+    pts = [{"label": "a", "flops": 1e9, "bytes": 1e9, "seconds": 0.5},    # 2 GFLOP/s at 1
+           {"label": "b", "flops": 8e9, "bytes": 1e9, "seconds": 1.0}]
+    fig = viz_kernels.draw_roofline(pts, peak_bandwidth=4e9, peak_flops=16e9)
+    ax = fig.axes[0]
+    assert len(ax.lines) == 1 + 2                                  # the roof and two dots
+    roof = ax.lines[0].get_ydata()
+    assert np.isclose(roof.max(), 16e9)                            # flat compute roof
+    assert [t.get_text() for t in ax.texts] == ["50%", "50%"]      # 2 of 4, 8 of 16 GFLOP/s
+    with pytest.raises(InvalidArgument, match="seconds"):
+        viz_kernels.draw_roofline([{"label": "x", "flops": 1, "bytes": 1}], 1e9)
