@@ -104,6 +104,11 @@ def compute(cache, sid, token_ids):
     cache.append_tokens(sid, token_ids)
     return slots
 
+# %% [markdown]
+# A arrives with a 6-token prompt; B arrives with 5 tokens while A is running; then A
+# generates four tokens, one per step (decode).
+
+# %%
 prompt_a = list(range(100, 106))                  # A: 6 tokens -> 2 pages of 4
 cache.add_sequence("A", prompt_a)
 slots_a = [compute(cache, "A", prompt_a)]

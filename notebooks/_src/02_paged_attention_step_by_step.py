@@ -41,6 +41,8 @@ k_all = rng.normal(size=(SEQ_LEN, 1, D)).astype(np.float32)   # [seq_len, Hkv, D
 v_all = rng.normal(size=(SEQ_LEN, 1, D)).astype(np.float32)
 q = rng.normal(size=(1, 1, D)).astype(np.float32)          # [n_q=1, H=1, D] a decode query
 k_all[20, 0] += 1.2 * q[0, 0]                              # token 20 matches the query well
+
+# %%
 cache.add_sequence("x", [1] * SEQ_LEN)
 cache.add_sequence("y", [2] * 12)
 for start, end in ((0, 20), (20, SEQ_LEN)):                # x in two chunks, y in between

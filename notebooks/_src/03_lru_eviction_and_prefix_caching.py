@@ -27,6 +27,11 @@ from paged_np.sequence import hash_page, ROOT_HASH
 
 rng = np.random.default_rng(0)
 
+# %% [markdown]
+# Two helpers used throughout, made only of the cache's public calls: `compute` stands in
+# for the model (it writes random K/V for some tokens), `serve` runs one whole request.
+
+# %%
 def compute(cache, sid, token_ids):
     """Stand-in for the model: random K/V for token_ids, written into the cache."""
     if len(token_ids) == 0:
@@ -37,6 +42,7 @@ def compute(cache, sid, token_ids):
         cache.write_kv(layer, slots, kv, kv)
     cache.append_tokens(sid, token_ids)
 
+# %%
 def serve(cache, sid, prompt, n_generate=0):
     """One request: reuse what is cached, compute the rest of the prompt, generate, finish."""
     n_hit = cache.add_sequence(sid, prompt)
@@ -164,6 +170,7 @@ def workload(n, seed=0):
     return [systems[r.choice(4, p=popularity)] + list(r.integers(5000, 9000, r.integers(3, 10)))
             for _ in range(n)]
 
+# %%
 cache = pnp.PagedKVCache(pnp.CacheConfig(num_pages=32, page_size=4, head_dim=8))
 running = {}                                               # seq id -> tokens left to generate
 for step, prompt in enumerate(workload(N_REQUESTS) + [None] * 6):

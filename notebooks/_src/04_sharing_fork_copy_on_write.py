@@ -22,6 +22,7 @@ from paged_np import viz
 
 rng = np.random.default_rng(0)
 
+# %%
 def compute(cache, sid, token_ids):
     """Stand-in for the model: random K/V for token_ids, written into the cache."""
     slots = cache.allocate_slots(sid, len(token_ids))
@@ -112,6 +113,7 @@ def pages_in_use(n, share):
         c.allocate_slots(i, GEN); c.append_tokens(i, [7] * GEN)
     return c.stats()["num_in_use"]
 
+# %%
 ns = np.arange(1, 9)
 shared = [pages_in_use(n, True) for n in ns]
 separate = [pages_in_use(n, False) for n in ns]
@@ -146,7 +148,9 @@ K, STEPS = 3, 9                                           # beam width, decode s
 cache = pnp.PagedKVCache(pnp.CacheConfig(num_pages=24, page_size=4, head_dim=8))
 cache.add_sequence("b0", prompt)
 compute(cache, "b0", prompt)
-beams, next_id = {"b0": 0.0}, 1
+beams, next_id = {"b0": 0.0}, 1                          # beam id -> score
+
+# %%
 for step in range(STEPS):
     cands = [(score + rng.normal(), b, tok) for b, score in beams.items() for tok in (1, 2)]
     taken, survivors = set(), {}
@@ -162,6 +166,8 @@ for step in range(STEPS):
     for sid, (score, tok) in survivors.items():
         compute(cache, sid, [tok])           # copy-on-write happens here when needed
     beams = {sid: score for sid, (score, _) in survivors.items()}
+
+# %%
 cache.check_invariants()
 fig = viz.draw_block_tables(cache, title="beam search after 9 steps: a shared stem, own tails")
 
