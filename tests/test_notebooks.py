@@ -60,3 +60,19 @@ def test_notebook_executes_and_draws(path, tmp_path, monkeypatch):
     client.execute()  # raises CellExecutionError naming the failing cell
     print(f"{path.name}: {time.perf_counter() - t0:.1f} s")
     assert _shows_a_figure(nb), f"{path.name} draws no figure"
+
+
+def test_notebooks_match_their_sources():
+    """Each stored notebook is what ``notebooks/_build.py`` makes of its ``_src`` file."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("nb_build", ROOT / "notebooks" / "_build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    sources = sorted((ROOT / "notebooks" / "_src").glob("[0-9][0-9]_*.py"))
+    assert [s.stem for s in sources] == [p.stem for p in NOTEBOOKS]
+    for src in sources:
+        want = [(c.cell_type, c.source) for c in build.build(src).cells]
+        stored = nbformat.read(ROOT / "notebooks" / f"{src.stem}.ipynb", as_version=4)
+        have = [(c.cell_type, c.source) for c in stored.cells]
+        assert have == want, f"{src.stem}.ipynb differs from _src: run python notebooks/_build.py"
