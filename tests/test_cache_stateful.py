@@ -50,7 +50,8 @@ class PolicyModel:
             self.last.pop(page, None)
             self.hits[page] = self.hits.get(page, 0) + 1
         elif kind == "evict":
-            assert page == self.victim(), f"{self.policy} evicted {page}, model says {self.victim()}"
+            expected = self.victim()
+            assert page == expected, f"{self.policy} evicted {page}, the model says {expected}"
             del self.last[page]
             self.first.pop(page, None)
             self.hits.pop(page, None)
