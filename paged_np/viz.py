@@ -326,21 +326,52 @@ def state_counts(events, num_pages: int) -> dict:
     return out
 
 
+def step_series(steps) -> dict:
+    """Per-step request counts from engine metrics, as int arrays ``running``,
+    ``waiting``, ``preemptions`` (preemptions *at* each step; absent keys are 0).
+
+    ``steps`` is either ``engine.metrics`` (or its ``"series"`` dict: lists keyed
+    ``running``, ``waiting`` and ``preemptions``, the last a running total), or
+    a list of per-step dicts with ``num_running``, ``num_waiting`` and
+    ``preemptions`` (the count at that step).
+    """
+    import numpy as np
+
+    if isinstance(steps, dict):
+        ser = steps.get("series", steps)
+        n = max((len(v) for v in ser.values() if isinstance(v, list)), default=0)
+
+        def get(k):
+            return np.asarray(ser[k], dtype=np.int64) if k in ser else np.zeros(n, np.int64)
+
+        total = get("preemptions")                                     # running total
+        return {"running": get("running"), "waiting": get("waiting"),
+                "preemptions": np.diff(total, prepend=0)}
+    rows = list(steps)
+
+    def col(k):
+        return np.array([int(d.get(k, 0)) for d in rows], dtype=np.int64)
+
+    return {"running": col("num_running"), "waiting": col("num_waiting"),
+            "preemptions": col("preemptions")}
+
+
 def draw_timeline(events, num_pages: int, steps=None, ax=None, title: str | None = None):
     """Pages by state over time, evictions marked; running/waiting requests below.
 
-    ``events`` is ``cache.events``. ``steps`` is optional: a list of per-step
-    dicts (one per engine step, in order), from which any of the keys
-    ``num_running``, ``num_waiting`` (request counts) and ``preemptions``
-    (count at that step) are drawn in a second panel, preemptions as red ticks.
+    ``events`` is ``cache.events`` (``engine.cache.events`` for an engine).
+    ``steps`` is optional: engine metrics or per-step dicts (see
+    :func:`step_series`), drawn in a second panel: running and waiting
+    requests, preemptions as red lines.
     """
     plt = _pyplot()
     c = state_counts(events, num_pages)
+    series = step_series(steps) if steps is not None else None
     if ax is None:
-        n_panels = 2 if steps else 1
+        n_panels = 2 if series is not None else 1
         fig, axes = plt.subplots(n_panels, 1, figsize=(8, 2.4 * n_panels + 0.4), sharex=True,
                                  squeeze=False)
-        ax, ax2 = axes[0, 0], (axes[1, 0] if steps else None)
+        ax, ax2 = axes[0, 0], (axes[1, 0] if series is not None else None)
     else:
         fig, ax2 = ax.figure, None
     x = c["step"]
@@ -357,12 +388,11 @@ def draw_timeline(events, num_pages: int, steps=None, ax=None, title: str | None
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7, frameon=False)
     ax.set_title(title or "pages by state", fontsize=9, loc="left", pad=12)
     if ax2 is not None:
-        xs = list(range(len(steps)))
-        for key, color in (("num_running", "tab:green"), ("num_waiting", "tab:orange")):
-            if any(key in d for d in steps):
-                ax2.step(xs, [d.get(key, 0) for d in steps], where="post", color=color,
-                         label=key.replace("num_", ""))
-        pre = [i for i, d in enumerate(steps) if d.get("preemptions", 0)]
+        xs = range(len(series["running"]))
+        for key, color in (("running", "tab:green"), ("waiting", "tab:orange")):
+            if series[key].any():
+                ax2.step(xs, series[key], where="post", color=color, label=key)
+        pre = [i for i, k in enumerate(series["preemptions"]) if k]
         for i in pre:
             ax2.axvline(i, color="tab:red", linewidth=0.8, alpha=0.7)
         if pre:

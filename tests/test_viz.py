@@ -209,3 +209,21 @@ def test_roofline_points_and_roofs():
     assert [t.get_text() for t in ax.texts] == ["50%", "50%"]      # 2 of 4, 8 of 16 GFLOP/s
     with pytest.raises(InvalidArgument, match="seconds"):
         viz_kernels.draw_roofline([{"label": "x", "flops": 1, "bytes": 1}], 1e9)
+
+
+def test_step_series_from_engine_metrics_and_from_dicts():
+    metrics = {"steps": 4, "series": {"step": [0, 1, 2, 3], "running": [1, 2, 2, 1],
+                                      "waiting": [2, 1, 0, 0], "preemptions": [0, 1, 1, 3]}}
+    s = viz.step_series(metrics)
+    assert list(s["preemptions"]) == [0, 1, 0, 2]          # from the running total
+    assert list(s["running"]) == [1, 2, 2, 1]
+    assert list(viz.step_series(metrics["series"])["waiting"]) == [2, 1, 0, 0]
+    d = viz.step_series([{"num_running": 3}, {"num_waiting": 1, "preemptions": 2}])
+    assert list(d["running"]) == [3, 0] and list(d["preemptions"]) == [0, 2]
+
+
+def test_timeline_with_engine_metrics(cache):
+    metrics = {"series": {"running": [1, 2, 1], "waiting": [1, 0, 0], "preemptions": [0, 1, 1]}}
+    ax2 = viz.draw_timeline(cache.events, 12, steps=metrics).axes[1]
+    assert [t.get_text() for t in ax2.get_legend().get_texts()] == [
+        "running", "waiting", "preemption"]
