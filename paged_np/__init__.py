@@ -6,6 +6,7 @@ Public names only; see DESIGN.md (the contract) and the README.
 from .attention import merge_attention_states, paged_attention
 from .config import CacheConfig, ModelConfig
 from .errors import (
+    CudaUnavailable,
     DTypeError,
     DuplicateSequence,
     IndexOutOfRange,
