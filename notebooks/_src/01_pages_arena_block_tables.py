@@ -1,0 +1,254 @@
+# %% [markdown]
+# # 1. Pages, the arena and block tables
+#
+# A language model generating text keeps, for every token it has seen, a **key** and a
+# **value** vector in every layer: the *KV cache*. Each new token attends to all of them,
+# so they must stay in memory for as long as the request runs. On a serving GPU this
+# cache, not the model weights, decides how many requests fit at once.
+#
+# This notebook builds the idea that vLLM's paper (Kwon et al., 2023) starts from:
+#
+# 1. reserving one contiguous slab per request wastes most of the memory;
+# 2. cutting the cache into small fixed-size **pages** inside one preallocated **arena**
+#    wastes almost nothing;
+# 3. a per-sequence **block table** says which page holds which stretch of tokens, and a
+#    **slot** number says where one token's K and V live.
+#
+# Everything below calls `paged_np`; nothing is re-implemented.
+
+# %%
+import numpy as np
+import matplotlib.pyplot as plt
+
+import paged_np as pnp
+from paged_np import viz
+
+rng = np.random.default_rng(0)
+
+# %% [markdown]
+# ## Contiguous reservation wastes memory
+#
+# A server does not know in advance how long an answer will be, so a simple design
+# reserves room for `max_len` tokens per request. Requests are usually much shorter.
+# Below, 16 requests with lengths drawn between 50 and 800 tokens, and a reservation of
+# 2048 tokens each. With pages of 16 tokens, a request only ever wastes the unused tail
+# of its last page.
+
+# %%
+MAX_LEN, PAGE_SIZE = 2048, 16
+lengths = rng.integers(50, 800, size=16)                    # [16] tokens per request
+reserved = len(lengths) * MAX_LEN                           # contiguous: max_len each
+paged = int(np.sum(-(-lengths // PAGE_SIZE)) * PAGE_SIZE)   # whole pages, rounded up
+used = int(lengths.sum())
+print(f"tokens stored: {used}")
+print(f"contiguous:    {reserved} slots reserved, {1 - used / reserved:.0%} wasted")
+print(f"paged:         {paged} slots reserved, {1 - used / paged:.1%} wasted")
+assert paged - used < len(lengths) * PAGE_SIZE   # at most one partial page per request
+
+# %% [markdown]
+# The picture makes the difference plain. Each request has two bars: blue is what it
+# uses, grey what a contiguous reservation wastes, red what paging wastes (a sliver at
+# most one page high, barely visible).
+
+# %%
+fig, ax = plt.subplots(figsize=(8, 2.6))
+x = np.arange(len(lengths))                                 # [16] one pair of bars each
+paged_slots = -(-lengths // PAGE_SIZE) * PAGE_SIZE          # [16] whole pages
+for dx, reserved_i, color, name in ((-0.2, MAX_LEN, "#dddddd", "contiguous"),
+                                    (0.2, paged_slots, "#d62728", "paged")):
+    ax.bar(x + dx, lengths, 0.38, color="#4c72b0")
+    ax.bar(x + dx, reserved_i - lengths, 0.38, bottom=lengths, color=color,
+           label=f"wasted, {name}")
+ax.bar([], [], color="#4c72b0", label="tokens used")
+ax.set_title("per request: contiguous (left bar) vs paged (right bar)", fontsize=9, loc="left")
+ax.set_xlabel("request"); ax.set_ylabel("token slots"); ax.legend(fontsize=8, ncol=3);
+
+# %% [markdown]
+# ## The arena: one array, allocated once
+#
+# `paged_np` allocates every page up front in one NumPy array, the **arena**, of shape
+# `[num_layers, 2 (K and V), num_pages, num_kv_heads, page_size, head_dim]`.
+# Nothing in a step ever allocates memory that grows with the context: a request only
+# borrows page ids. A page holds `page_size` consecutive tokens of one sequence, for
+# every layer.
+
+# %%
+cfg = pnp.CacheConfig(num_pages=16, page_size=4, num_layers=2, num_kv_heads=2, head_dim=8)
+cache = pnp.PagedKVCache(cfg)
+print("arena shape:", cache.arena.shape, cache.arena.dtype)
+print("bytes per page (all layers, K and V):", cfg.bytes_per_page)
+k_pages, v_pages = cache.layer(0)          # views, [num_pages, num_kv_heads, page_size, head_dim]
+assert cache.arena.nbytes == cfg.num_pages * cfg.bytes_per_page
+assert np.shares_memory(k_pages, cache.arena)
+
+# %% [markdown]
+# ## A sequence arrives
+#
+# The life of a sequence is four calls:
+#
+# - `add_sequence(sid, prompt)` registers it (and reuses cached pages, notebook 3);
+# - `allocate_slots(sid, n)` finds pages for the next `n` tokens and returns their **slots**;
+# - `write_kv(layer, slots, k, v)` stores the model's K and V (once per layer);
+# - `append_tokens(sid, ids)` records that those tokens are now written.
+#
+# A real model computes K and V; here random vectors stand in for it. `compute` is just
+# those three calls in a row, and we use it everywhere below.
+
+# %%
+def compute(cache, sid, token_ids):
+    """Run the model on token_ids (a stand-in: random K/V) and write them into the cache."""
+    slots = cache.allocate_slots(sid, len(token_ids))       # int64 [n]
+    shape = (len(token_ids), cache.cfg.num_kv_heads, cache.cfg.head_dim)
+    for layer in range(cache.cfg.num_layers):
+        cache.write_kv(layer, slots, rng.normal(size=shape), rng.normal(size=shape))
+    cache.append_tokens(sid, token_ids)
+    return slots
+
+# %% [markdown]
+# A arrives with a 6-token prompt; B arrives with 5 tokens while A is running; then A
+# generates four tokens, one per step (decode).
+
+# %%
+prompt_a = list(range(100, 106))                  # A: 6 tokens -> 2 pages of 4
+cache.add_sequence("A", prompt_a)
+slots_a = [compute(cache, "A", prompt_a)]
+cache.add_sequence("B", [7, 7, 7, 7, 7])          # B: 5 tokens, arrives meanwhile
+compute(cache, "B", [7, 7, 7, 7, 7])
+for tok in [106, 107, 108, 109]:                   # A generates 4 tokens, one per step
+    slots_a.append(compute(cache, "A", [tok]))
+slots_a = np.concatenate(slots_a)                  # [10] slots of A's tokens
+print("block table of A:", cache.block_table("A"), "  of B:", cache.block_table("B"))
+print("slots of A:", slots_a)
+
+# %% [markdown]
+# A's third page is not next to its second one: B took pages 2 and 3 in between. In the
+# drawing of the arena each square is a page, coloured by its owner; grey pages are free.
+# A's last page has two of its four slots used, B's last page one.
+
+# %%
+fig = viz.draw_arena(cache, title="A and B, interleaved")
+
+# %% [markdown]
+# ## Slots: where one token lives
+#
+# Token `t` of a sequence lives on logical page `t // P` (with `P = page_size`), at
+# offset `t % P`. The block table turns the logical page into a page id, and the slot is
+#
+# $$\text{slot} = \text{block\_table}[t \,//\, P] \cdot P + t \bmod P .$$
+#
+# Let us derive A's slots by hand and check them against what the cache returned.
+
+# %%
+P = cache.page_size
+t = np.arange(len(slots_a))                                # [10] token positions
+bt = cache.block_table("A")                               # [3] page ids
+by_hand = bt[t // P].astype(np.int64) * P + t % P         # [10] slots
+print(by_hand)
+assert np.array_equal(by_hand, slots_a)
+
+# %% [markdown]
+# A slot is all `write_kv` needs: it splits it back into `(page id, offset)` with
+# `divmod(slot, P)`. To see that, overwrite A's keys in layer 0 with something we can
+# recognise (every component of token `t`'s key equals `t`) and read token 9 back through
+# the block table.
+
+# %%
+k_known = np.broadcast_to(t[:, None, None], (10, 2, 8)).astype(np.float32)  # [n, Hkv, D]
+cache.write_kv(0, slots_a, k_known, k_known)
+page, offset = bt[9 // P], 9 % P
+print(f"token 9 -> page {page}, offset {offset}:", k_pages[page, 0, offset, :3], "...")
+assert divmod(int(slots_a[9]), P) == (page, offset)
+assert np.all(k_pages[page, :, offset] == 9)              # [Hkv, D] all nines
+
+# %% [markdown]
+# ## A batch: block tables as arrows
+#
+# A third sequence arrives and B grows by a few tokens. Pages are handed out in whatever
+# order they are free, so a sequence's pages need not be neighbours in the arena, and
+# that is the whole point: no sequence needs a contiguous run of memory.
+#
+# The drawing shows each sequence's logical pages on top and an arrow to the page that
+# holds it; a shaded box is as full as the page is.
+
+# %%
+cache.add_sequence("C", list(range(200, 213)))
+compute(cache, "C", list(range(200, 213)))
+compute(cache, "B", [8, 8, 8, 8])                          # B grows onto a fresh page
+fig = viz.draw_block_tables(cache)
+
+# %% [markdown]
+# The attention kernel gets all of this as two small integer arrays: the block tables,
+# padded with `-1` to the longest one, and the sequence lengths. FlashInfer prefers a
+# compressed (CSR) form of the same thing: `kv_indptr`, `kv_indices`, `last_page_len`.
+
+# %%
+batch = cache.batch(["A", "B", "C"])
+print("block_tables =\n", batch.block_tables)
+print("seq_lens =", batch.seq_lens)
+indptr, indices, last_len = batch.to_csr()
+print("kv_indptr =", indptr, " kv_indices =", indices, " last_page_len =", last_len)
+assert list(indices[indptr[1]:indptr[2]]) == list(cache.block_table("B"))
+
+# %% [markdown]
+# ## Exercise 1: pages and slots of a new sequence
+#
+# A fourth sequence `D` arrives with a 9-token prompt. Before running the cell that
+# checks you, work out:
+#
+# 1. `n_pages`: how many pages D needs;
+# 2. `free_after`: how many pages will be free in the arena afterwards;
+# 3. `slot_of_last`: the slot of D's last token, *given* that D's last page will be
+#    page id `d_last_page` (printed below: the allocator hands out free pages in order).
+#
+# Replace the answers (the stored notebook holds a working solution) and run the check.
+
+# %%
+d_prompt = list(range(300, 309))
+next_free = sorted(p for p in range(cfg.num_pages) if cache.pool.state(p) == "free")
+print("free pages, in the order the allocator hands them out:", next_free)
+
+# Your answers:
+n_pages = -(-len(d_prompt) // P)
+free_after = len(next_free) - n_pages
+slot_of_last = next_free[n_pages - 1] * P + (len(d_prompt) - 1) % P
+
+# %%
+# Check (runs the package and compares)
+cache.add_sequence("D", d_prompt)
+d_slots = compute(cache, "D", d_prompt)
+assert n_pages == len(cache.block_table("D")), "n_pages"
+assert free_after == cache.stats()["num_free"], "free_after"
+assert slot_of_last == d_slots[-1], "slot_of_last"
+cache.check_invariants()
+print("all three right")
+
+# %% [markdown]
+# ## Exercise 2: how much does the page size waste?
+#
+# With pages of `P` tokens, a sequence of `n` tokens wastes `ceil(n / P) * P - n` slots.
+# For the 16 request lengths of the first cell, compute the **fraction of reserved slots
+# that are wasted** for `P = 1, 16, 256`, as a dict `waste[P]`. The check builds a real
+# cache for each page size and compares with its bookkeeping.
+
+# %%
+waste = {ps: float(1 - lengths.sum() / (np.sum(-(-lengths // ps)) * ps)) for ps in (1, 16, 256)}
+waste
+
+# %%
+# Check: allocate every request in a real cache and count the slots of its pages
+for ps, answer in waste.items():
+    c = pnp.PagedKVCache(pnp.CacheConfig(num_pages=int(np.sum(-(-lengths // ps))), page_size=ps,
+                                         head_dim=4), record_events=False)
+    for i, n in enumerate(lengths):
+        c.add_sequence(i, [1] * int(n))
+        c.allocate_slots(i, int(n))
+    reserved_slots = c.stats()["num_in_use"] * ps
+    assert np.isclose(answer, 1 - lengths.sum() / reserved_slots), ps
+print({ps: f"{w:.1%}" for ps, w in waste.items()})
+
+# %% [markdown]
+# Small pages waste less but make the kernel's reads shorter and the tables longer;
+# vLLM uses 16 tokens by default. Notebook 6 measures what the page size does to speed.
+#
+# **Next:** notebook 2 shows how attention reads a sequence whose keys are scattered over
+# pages, and notebook 3 what happens to pages when a request finishes.

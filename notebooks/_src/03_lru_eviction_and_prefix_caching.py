@@ -1,0 +1,256 @@
+# %% [markdown]
+# # 3. LRU eviction and prefix caching
+#
+# When a request finishes, the KV it computed is still correct for any later request
+# whose prompt starts the same way: the same system prompt, the same few-shot examples,
+# the earlier turns of a chat. **Prefix caching** keeps those pages around and hands them
+# to the next request that asks, so their tokens are not computed again.
+#
+# Keeping pages around costs memory, so they are kept only while nobody else needs the
+# room. A finished sequence's full pages become **CACHED**: not in use, but findable by a
+# hash of their contents. When an allocation finds no free page, the **LRU list** names
+# the cached page released longest ago, and that page is **evicted** (its hash forgotten,
+# the page reused).
+#
+# ```
+# FREE --allocate--> IN_USE --last release, full and hashed--> CACHED --evict--> FREE
+#                      ^------------------ prefix hit ------------'
+# ```
+
+# %%
+import numpy as np
+import matplotlib.pyplot as plt
+
+import paged_np as pnp
+from paged_np import viz, viz_anim
+from paged_np.sequence import hash_page, ROOT_HASH
+
+rng = np.random.default_rng(0)
+
+# %% [markdown]
+# Two helpers used throughout, made only of the cache's public calls: `compute` stands in
+# for the model (it writes random K/V for some tokens), `serve` runs one whole request.
+
+# %%
+def compute(cache, sid, token_ids):
+    """Stand-in for the model: random K/V for token_ids, written into the cache."""
+    if len(token_ids) == 0:
+        return
+    slots = cache.allocate_slots(sid, len(token_ids))
+    kv = rng.normal(size=(len(token_ids), cache.cfg.num_kv_heads, cache.cfg.head_dim))
+    for layer in range(cache.cfg.num_layers):
+        cache.write_kv(layer, slots, kv, kv)
+    cache.append_tokens(sid, token_ids)
+
+# %%
+def serve(cache, sid, prompt, n_generate=0):
+    """One request: reuse what is cached, compute the rest of the prompt, generate, finish."""
+    n_hit = cache.add_sequence(sid, prompt)
+    compute(cache, sid, prompt[n_hit:])
+    for _ in range(n_generate):
+        compute(cache, sid, [int(rng.integers(1000, 2000))])
+    cache.free(sid)
+    return n_hit
+
+# %% [markdown]
+# ## Hashing pages: a chain
+#
+# A page is findable by a hash of its tokens **and of everything before it**: the hash of
+# page `i` digests the hash of page `i - 1` and page `i`'s token ids (SHA-256, so it is the
+# same in every process). Two pages holding the same four tokens at different places in
+# different prompts therefore get different hashes, and a hit on page `i` implies the whole
+# prefix up to `i` matches.
+#
+# Only *full* pages are hashed: a partly written page may still change.
+
+# %%
+system = [11, 12, 13, 14, 15, 16, 17, 18]                 # two pages of 4
+h0 = hash_page(ROOT_HASH, system[:4])
+h1 = hash_page(h0, system[4:])
+h_same_tokens_first = hash_page(ROOT_HASH, system[4:])   # page 1's tokens, but at the start
+print(h1.hex()[:16], "vs", h_same_tokens_first.hex()[:16])
+assert h1 != h_same_tokens_first
+
+cache = pnp.PagedKVCache(pnp.CacheConfig(num_pages=12, page_size=4, head_dim=8))
+cache.add_sequence("A", system + [21, 22, 23])
+compute(cache, "A", system + [21, 22, 23])
+assert cache.sequence("A").page_hashes == [h0, h1]        # the cache computed the same chain
+
+# %% [markdown]
+# ## A hit
+#
+# A finishes. Its two full pages become CACHED (gold); its last page, only 3/4 full and
+# never hashed, goes straight back to FREE. Then B arrives with the same system prompt:
+# `add_sequence` walks B's prompt page by page, looks each hash up, and takes the pages it
+# finds. It returns the number of prompt tokens it reused.
+
+# %%
+cache.free("A")
+fig = viz.draw_arena(cache, title="A finished: its full pages are cached")
+n_hit = cache.add_sequence("B", system + [31, 32])
+print("B reused", n_hit, "tokens; block table", cache.block_table("B"))
+assert n_hit == 8 and list(cache.block_table("B")) == [0, 1]
+
+# %% [markdown]
+# One rule: a request always computes at least its last prompt token, because that
+# token's output gives the logits of the first generated token. So a prompt of exactly
+# two pages, both cached, reuses only the first page (reuse is rounded down to whole
+# pages).
+
+# %%
+compute(cache, "B", [31, 32])
+print("reused for an 8-token prompt:", cache.add_sequence("C", system))
+assert cache.num_tokens("C") == 4
+cache.free("B"); cache.free("C")
+
+# %% [markdown]
+# ## The LRU list in motion
+#
+# Now several requests come and go in a small cache of 8 pages. Each one's pages join
+# the **young** (right) end of the eviction line when it finishes, tail first, so a
+# sequence's later pages are evicted before its prefix. A prefix hit takes a page out of
+# the line; an allocation with no free page evicts from the **old** (left) end.
+
+# %%
+cache = pnp.PagedKVCache(pnp.CacheConfig(num_pages=8, page_size=4, head_dim=8))
+for sid, question in [("q1", [21, 22, 23, 24]), ("q2", [31, 32, 33, 34]),
+                      ("q3", [41, 42, 43, 44])]:
+    serve(cache, sid, system + question + [0])
+    cache.tick()                                           # one step per request
+fig = viz.draw_lru(cache)
+print("eviction order (next victim first):", cache.pool.eviction_order())
+
+# %% [markdown]
+# q1 finished first, so its question page is the next victim; the system-prompt pages
+# were hit by q2 and q3 and released again, so they sit near the young end. A long
+# request now needs 6 new pages while only 3 are free: three cached pages are evicted,
+# oldest first.
+
+# %%
+before = cache.pool.eviction_order()
+serve(cache, "long", list(range(500, 524)))
+cache.tick()
+victims = [e.page_id for e in cache.events if e.kind == "evict"]
+print("evicted:", victims)
+assert victims == before[:len(victims)]                   # exactly the oldest ones
+fig = viz.draw_lru(cache, title="after the long request")
+
+# %% [markdown]
+# The whole story as an animation, one frame per cache event (press play): each frame's
+# title names the event. Pages take their owner's colour while in use; gold is cached,
+# grey free.
+
+# %%
+anim = viz_anim.animate_events(cache.events, num_pages=8, by="event")
+viz_anim.animation_html(anim)
+
+# %% [markdown]
+# With `ipywidgets` installed (`pip install paged-np[notebooks]`) the next cell gives a
+# slider over the same frames; without it, a static strip of frames.
+
+# %%
+viz_anim.event_slider(cache.events, num_pages=8, by="event", static_frames=5)
+
+# %% [markdown]
+# ## Over a longer run: the timeline
+#
+# `cache.events` logs every allocation, hit, release and eviction with the step it
+# happened in. Replaying it gives the number of pages in each state over time. Below,
+# requests overlap as in a server: one arrives per step, each running request generates
+# one token per step, and each finishes after 6. A prompt is one of four system prompts
+# (some more popular than others) plus the user's own question.
+
+# %%
+N_REQUESTS = 60                                            # size knob
+systems = [list(range(1000 * s, 1000 * s + 12)) for s in range(1, 5)]  # 3 pages each
+popularity = np.array([0.55, 0.25, 0.12, 0.08])
+
+def workload(n, seed=0):
+    r = np.random.default_rng(seed)
+    return [systems[r.choice(4, p=popularity)] + list(r.integers(5000, 9000, r.integers(3, 10)))
+            for _ in range(n)]
+
+# %%
+cache = pnp.PagedKVCache(pnp.CacheConfig(num_pages=32, page_size=4, head_dim=8))
+running = {}                                               # seq id -> tokens left to generate
+for step, prompt in enumerate(workload(N_REQUESTS) + [None] * 6):
+    if prompt is not None:                                 # a request arrives
+        compute(cache, step, prompt[cache.add_sequence(step, prompt):])
+        running[step] = 6
+    for sid in list(running):                              # every running request decodes
+        compute(cache, sid, [int(rng.integers(1000, 2000))])
+        running[sid] -= 1
+        if running[sid] == 0:                              # done: release its pages
+            del running[sid]
+            cache.free(sid)
+    cache.tick()
+fig = viz.draw_timeline(cache.events, num_pages=32)
+print({k: round(v, 3) for k, v in cache.stats().items() if k in ("hit_rate", "evictions")})
+
+# %% [markdown]
+# The in-use band is the working set: the requests running now. Everything else soon
+# turns gold: freed pages stay cached until an allocation needs them, because every page
+# that stays cached is a chance for a hit. From then on each new page costs an eviction
+# (the black marks).
+#
+# ## Which page should go? LRU vs FIFO vs LFU
+#
+# The policy is pluggable (`CacheConfig(eviction_policy=...)`). **FIFO** evicts by the time
+# a page was first cached, ignoring hits; **LFU** evicts the page with the fewest hits.
+# Let us measure the prefix hit rate (prompt tokens reused / prompt tokens) of each on the
+# same workload, over a range of cache sizes.
+
+# %%
+def hit_rate(policy, num_pages, prompts):
+    c = pnp.PagedKVCache(pnp.CacheConfig(num_pages=num_pages, page_size=4, head_dim=4,
+                                         eviction_policy=policy), record_events=False)
+    for i, prompt in enumerate(prompts):
+        serve(c, i, prompt, n_generate=4)
+    return c.stats()["hit_rate"]
+
+prompts = workload(N_REQUESTS * 3, seed=1)
+sizes = [8, 12, 16, 24, 32, 48]
+rates = {pol: [hit_rate(pol, n, prompts) for n in sizes] for pol in ("lru", "fifo", "lfu")}
+fig, ax = plt.subplots(figsize=(6, 3))
+for pol, r in rates.items():
+    ax.plot(sizes, r, "o-", label=pol)
+ax.set_xlabel("num_pages"); ax.set_ylabel("prefix hit rate"); ax.legend();
+assert rates["fifo"][-1] < rates["lru"][-1] <= rates["lfu"][-1]
+
+# %% [markdown]
+# FIFO evicts the popular system prompt in its turn however often it is hit, so even a
+# large cache keeps losing it. LRU keeps it as long as it is hit more often than the cache
+# turns over. LFU keeps it best here, because popularity in this workload never changes;
+# its risk is the opposite one: a page that *was* popular stays long after it stopped
+# being asked for.
+#
+# ## Exercise: predict the next victim
+#
+# Starting from the state below, the cell performs: `touch` on the page that is currently
+# the next victim (it moves to the young end, as if just used), then a new request whose
+# prompt is the second system prompt `systems[1]` plus two tokens. Which page will be the
+# next victim after that? Write `next_victim` as a page id, using only
+# `order = cache.pool.eviction_order()` as printed and the hit rule.
+
+# %%
+cache = pnp.PagedKVCache(pnp.CacheConfig(num_pages=12, page_size=4, head_dim=8))
+for i, s in enumerate(systems[:3]):
+    serve(cache, f"s{i}", s + [7])                        # 3 cached pages per system prompt
+order = cache.pool.eviction_order()
+print("eviction order now:", order)
+print("pages of systems[1]:", order[3:6][::-1], "(released tail first)")
+
+# Your answer: after touch(order[0]) the line is order[1:] + [order[0]]; the hit on
+# systems[1] takes its pages out of the line, so the next victim is:
+next_victim = order[1]
+
+# %%
+# Check
+cache.touch(order[0])
+cache.add_sequence("new", systems[1] + [1, 2])
+assert cache.pool.eviction_order()[0] == next_victim, cache.pool.eviction_order()
+print("right: the next victim is", next_victim)
+
+# %% [markdown]
+# **Next:** notebook 4 shares pages between *live* sequences (parallel sampling, beam
+# search) and copies a page only when one of them writes into it.

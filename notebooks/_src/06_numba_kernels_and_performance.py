@@ -1,0 +1,185 @@
+# %% [markdown]
+# # 6. Numba kernels and performance
+#
+# The NumPy kernel of notebook 2 is written to be read. `backend="numba"` computes the
+# same thing, compiled and parallel. This notebook asks how fast is fast enough, and
+# answers with the **roofline**: decode attention reads every cached K and V byte once
+# and does about one floating-point operation per byte, so its speed limit is the memory
+# bus, not the arithmetic. We then look at two choices that decide how close a kernel
+# gets to that limit: the **layout** of a page in memory, and the **page size**.
+#
+# Timings below are live and noisy (a shared 2-core machine, say); the benchmark numbers
+# the README quotes come from `python -m paged_np bench`, read from
+# `benchmarks/results.json` when it is there.
+
+# %%
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import matplotlib.pyplot as plt
+
+import paged_np as pnp
+from paged_np import bench, viz_kernels
+from paged_np.attention.reference import dense_attention
+
+# %% [markdown]
+# ## One decode step, three backends
+#
+# The bench's decode case: `bench.B` sequences, each with `CTX` tokens of context, a
+# Llama-3-8B-like layer (32 query heads, 8 kv heads, head_dim 128), pages shuffled in
+# the arena as a long-running server's would be. `CTX` is the size knob. The first Numba
+# call compiles the kernel (up to a minute on a cold machine; cached on disk afterwards).
+
+# %%
+CTX = 512                                                  # size knob: context length
+q, k, v, tables, seq_lens, _ = bench.make_decode_case(CTX, np.float32)
+print("q", q.shape, " k_pages", k.shape, " block_tables", tables.shape)
+t0 = time.perf_counter()
+out_numba = pnp.paged_attention(q, k, v, tables, seq_lens, backend="numba")
+print(f"first numba call (compile or load from cache): {time.perf_counter() - t0:.1f} s")
+out_numpy = pnp.paged_attention(q, k, v, tables, seq_lens, backend="numpy")
+assert np.allclose(out_numba, out_numpy, atol=1e-4)
+
+# %% [markdown]
+# And both against the dense truth, for the first sequence (its keys gathered through the
+# block table into one contiguous array):
+
+# %%
+b = 0
+k_seq = k[tables[b]].transpose(0, 2, 1, 3).reshape(-1, k.shape[1], k.shape[3])[:CTX]  # [CTX, Hkv, D]
+v_seq = v[tables[b]].transpose(0, 2, 1, 3).reshape(-1, v.shape[1], v.shape[3])[:CTX]
+ref, _ = dense_attention(q[b:b + 1], k_seq, v_seq)         # [1, H, D]
+print("max |numba - dense| =", np.abs(out_numba[b] - ref[0]).max())
+assert np.allclose(out_numba[b], ref[0], atol=1e-4)
+
+# %% [markdown]
+# ## Speed: bytes per second, not FLOPs
+#
+# Per sequence and kv head, decode reads `CTX` keys and `CTX` values of `head_dim` floats.
+# Per query head and key it does a dot product for the score and a multiply-add into the
+# output: `2 * head_dim` multiply-adds, so `4 * head_dim` FLOPs. With GQA, 4 query heads
+# share each kv head's bytes. Hence the **arithmetic intensity**:
+#
+# $$\frac{\text{FLOPs}}{\text{bytes}} = \frac{4 \cdot H \cdot D}{2 \cdot H_{kv} \cdot D \cdot 4\,\text{bytes}}
+#   = \frac{H}{2 H_{kv}} = 2 \ \text{FLOP/byte (float32)} .$$
+#
+# A CPU core does tens of FLOPs per byte it can fetch, so decode waits on memory. Its
+# speed is best stated as bytes of K/V read per second:
+
+# %%
+def best_of(fn, repeat=5):
+    """Seconds of the fastest of `repeat` calls (the least disturbed), after a warm-up."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter(); fn(); times.append(time.perf_counter() - t0)
+    return min(times)
+
+kv_bytes = k.nbytes + v.nbytes                             # every page is read once
+flops = 4 * q.shape[0] * q.shape[1] * CTX * q.shape[2]     # B * H * CTX * 4D
+assert np.isclose(flops / kv_bytes, q.shape[1] / (2 * k.shape[1]))   # = 2 for float32
+t_numba = best_of(lambda: pnp.paged_attention(q, k, v, tables, seq_lens, backend="numba"))
+t_numpy = best_of(lambda: pnp.paged_attention(q, k, v, tables, seq_lens, backend="numpy"))
+for name, t in (("numpy", t_numpy), ("numba", t_numba)):
+    print(f"{name}: {t * 1e3:7.2f} ms  {kv_bytes / t / 1e9:6.2f} GB/s of K/V")
+
+# %% [markdown]
+# ## The roofline
+#
+# The roof is what the memory bus can deliver. `bench.stream_bandwidth()` measures it
+# (a parallel sum over 512 MiB); the bench stored its value in `results.json`, and we
+# measure it live only when that file is absent. On the log-log plot, a kernel with
+# intensity `I` can at best reach `I * bandwidth` FLOP/s (the slanted roof); the
+# percentage beside each dot is how much of that it gets.
+
+# %%
+results_path = Path(pnp.__file__).resolve().parents[1] / "benchmarks" / "results.json"
+res = json.loads(results_path.read_text()) if results_path.exists() else None
+bandwidth = res["bandwidth_gbs"] * 1e9 if res else bench.stream_bandwidth(repeat=2) * 1e9
+points = [{"label": f"{n} (live, ctx {CTX})", "flops": flops, "bytes": kv_bytes, "seconds": t}
+          for n, t in (("numpy", t_numpy), ("numba", t_numba))]
+for row in (res or {}).get("decode", []):                  # the bench's own decode rows
+    nbytes = row["gbs"] * 1e9 * row["ms"] / 1e3            # bytes it read per call
+    itemsize = 4 if row["dtype"] == "float32" else 2
+    points.append({"label": f"bench {row['dtype']} ctx {row['context']}", "bytes": nbytes,
+                   "flops": nbytes * bench.H / (2 * bench.HKV) * 4 / itemsize,
+                   "seconds": row["ms"] / 1e3})
+fig = viz_kernels.draw_roofline(points, peak_bandwidth=bandwidth)
+
+# %% [markdown]
+# Every dot sits under the slanted roof, at intensity 2 (float32) or 4 (float16: half the
+# bytes for the same FLOPs). How far below the roof a dot sits is the kernel's
+# inefficiency: loop overhead, the threads' start-up, cache misses on the block table.
+# Long contexts on a small machine fall further below: the working set no longer fits
+# in the caches and the two cores compete for the bus.
+#
+# ## Layout: head-major pages read faster
+#
+# The arena stores a page as `[num_kv_heads, page_size, head_dim]` (**HND**, head-major,
+# FlashInfer's default): for one kv head, a page is one contiguous `page_size x head_dim`
+# tile. The alternative, **NHD** (token-major, `[page_size, num_kv_heads, head_dim]`),
+# interleaves the heads, so one head's keys come in `head_dim`-float pieces with the
+# other heads' keys between them. A kernel reads one kv head at a time:
+
+# %%
+N_PAGES = 1024                                             # size knob (x 64 KiB per page)
+rng = np.random.default_rng(0)
+k_hnd = rng.standard_normal((N_PAGES, 8, 16, 128), np.float32)   # [pages, Hkv, P, D]
+k_nhd = np.ascontiguousarray(k_hnd.transpose(0, 2, 1, 3))       # [pages, P, Hkv, D]
+print(f"HND: one head of one page is {k_hnd[0, 3].nbytes} contiguous bytes")
+print(f"NHD: it comes in {k_nhd[0, :, 3].shape[0]} pieces of {128 * 4} bytes, "
+      f"{k_nhd.strides[1]} bytes apart")
+t_hnd = best_of(lambda: k_hnd[:, 3].sum())                 # sum one head over all pages
+t_nhd = best_of(lambda: k_nhd[:, :, 3].sum())
+print(f"HND {t_hnd * 1e3:.1f} ms   NHD {t_nhd * 1e3:.1f} ms   ratio {t_nhd / t_hnd:.2f}")
+assert np.isclose(k_hnd[:, 3].sum(), k_nhd[:, :, 3].sum(), rtol=1e-3)
+
+# %% [markdown]
+# On the machines this project was measured on, the Numba decode kernel read HND pages
+# 1.6-1.9x faster than NHD ones at long context. The reason is the one above: a long
+# contiguous run lets the hardware prefetcher stream, and every cache line fetched is
+# fully used.
+#
+# ## Page size
+#
+# Small pages waste less memory (notebook 1) but cost the kernel: one block-table lookup
+# and one short run of memory per page. The bench swept the page size at context 2048:
+
+# %%
+if res:
+    sweep = res["page_sweep"]
+else:                                                      # no results.json: measure live
+    sweep = []
+    for ps in (8, 16, 64):
+        case = bench.make_decode_case(CTX, np.float32, page_size=ps)
+        t = best_of(lambda: pnp.paged_attention(*case[:5], backend="numba"), repeat=3)
+        sweep.append({"page_size": ps, "gbs": case[1].nbytes * 2 / t / 1e9})
+fig, ax = plt.subplots(figsize=(5, 2.6))
+ax.bar([str(r["page_size"]) for r in sweep], [r["gbs"] for r in sweep], color="#4c72b0")
+ax.set_xlabel("page size (tokens)"); ax.set_ylabel("GB/s of K/V");
+
+# %% [markdown]
+# Larger pages read faster, up to a point; vLLM's default of 16 trades a little speed
+# for little waste and fine-grained sharing (a prefix is shared in whole pages only).
+#
+# ## Exercise: intensity of float16 and of MQA
+#
+# Using the formula above, compute the arithmetic intensity (FLOP per byte of K/V) of
+# decode for (a) `float16` pages with the bench's shapes (32 query heads, 8 kv heads), and
+# (b) `float32` pages with multi-query attention (32 query heads, 1 kv head). The check
+# counts FLOPs and bytes of a real case.
+
+# %%
+intensity_fp16 = bench.H / (2 * bench.HKV) * 4 / 2         # half the bytes per value
+intensity_mqa = 32 / (2 * 1)
+
+# %%
+# Check: count the bytes of real float16 pages, and of float32 pages with 1 kv head
+q16, k16, v16, *_ = bench.make_decode_case(64, np.float16)
+f16 = 4 * q16.shape[0] * q16.shape[1] * 64 * q16.shape[2]
+assert np.isclose(intensity_fp16, f16 / (k16.nbytes + v16.nbytes))
+k_mqa = np.zeros((q16.shape[0] * 4, 1, 16, 128), np.float32)    # B * 4 pages of 16 = 64 tokens
+assert np.isclose(intensity_mqa, f16 / (2 * k_mqa.nbytes))
+print("float16:", intensity_fp16, "FLOP/byte;  MQA:", intensity_mqa, "FLOP/byte")
