@@ -1,6 +1,6 @@
 """MkDocs hooks: pages built from the repository itself, so the site cannot drift.
 
-- ``notebooks/*.ipynb`` appear as ``tutorials/<name>.ipynb`` (mkdocs-jupyter runs
+- ``notebooks/*.ipynb`` appear as ``notebooks/<name>.ipynb`` (mkdocs-jupyter runs
   them at build time; the stored notebooks carry no outputs);
 - ``benchmarks/*.png`` appear as ``benchmarks/<name>.png``, next to the
   benchmark pages that include ``benchmarks/*.md`` with snippets, so the
@@ -17,6 +17,7 @@ Listed in ``mkdocs.yml`` under ``hooks:`` and left out of the site with
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +32,16 @@ if str(ROOT) not in sys.path:  # import this checkout's paged_np even when not i
 _TMP = tempfile.TemporaryDirectory(prefix="paged_np_docs_")
 
 
+def on_config(config):
+    # The notebook kernels that mkdocs-jupyter starts inherit this environment:
+    # import this checkout's paged_np, and keep Jupyter's inline matplotlib
+    # backend (an inherited MPLBACKEND=Agg would hide every figure).
+    paths = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
+    os.environ.pop("MPLBACKEND", None)
+    return config
+
+
 def _draw_walkthrough() -> Path:
     from paged_np import walkthrough
 
@@ -41,8 +52,11 @@ def _draw_walkthrough() -> Path:
 
 @event_priority(100)  # before mkdocs-jupyter wraps the .ipynb files
 def on_files(files, config):
-    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        files.append(File.generated(config, f"tutorials/{nb.name}", abs_src_path=str(nb)))
+    for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        # A real File rooted at the repository (src_uri "notebooks/<name>"), not a
+        # generated one: mkdocs-jupyter's wrapper needs src_dir to find the source.
+        files.append(File(f"notebooks/{nb.name}", src_dir=str(ROOT), dest_dir=config.site_dir,
+                          use_directory_urls=config.use_directory_urls))
     for png in sorted((ROOT / "benchmarks").glob("*.png")):
         files.append(File.generated(config, f"benchmarks/{png.name}", abs_src_path=str(png)))
     files.append(File.generated(config, "img/walkthrough.png",
