@@ -3,6 +3,7 @@
 Public names only; see DESIGN.md (the contract) and the README.
 """
 
+from .attention import merge_attention_states, paged_attention
 from .config import CacheConfig, ModelConfig
 from .engine import Engine
 from .errors import (
