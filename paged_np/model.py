@@ -40,11 +40,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-try:
-    from .attention import paged_attention
-    from .attention.reference import dense_attention
-except ImportError:  # TEMPORARY: until paged_np.attention is merged
-    from ._attention_fallback import dense_attention, paged_attention
+from .attention import paged_attention
+from .attention.reference import dense_attention
 from .config import ModelConfig
 from .errors import DTypeError, InvalidArgument, ShapeError
 from .kv_cache import as_token_ids
