@@ -60,6 +60,7 @@ class Seq:
     num_computed: int = 0         # tokens whose KV is in the cache
     status: str = WAITING
     pending_fork: int = 0         # siblings still to fork off after the prompt (n - 1)
+    num_preemptions: int = 0
     swap_pages: list | None = field(default=None, repr=False)  # host pages while SWAPPED
 
     @property
@@ -178,8 +179,8 @@ class Scheduler:
                 budget -= n
                 i += 1
             elif i < len(self.running) and self.running[i] is seq:  # alone, nothing fits
-                self.running.pop(i)
                 out.failed.append((seq, self._too_big(seq)))
+                self.remove(seq)                         # its pages are free right now
             else:                                        # seq preempted itself
                 break
 
@@ -192,8 +193,8 @@ class Scheduler:
             admitted = self._admit(seq, budget)
             if admitted is None:
                 if not self.running:                     # nothing will ever free pages
-                    self.waiting.popleft()
                     out.failed.append((seq, self._too_big(seq)))
+                    self.remove(seq)
                     continue
                 break
             n, slots = admitted
@@ -212,6 +213,8 @@ class Scheduler:
         swapped = seq.status == SWAPPED
         known = seq.token_ids[:seq.num_computed] if swapped else seq.token_ids
         n_hit = cache.add_sequence(seq.seq_id, known)   # prefix pages: no compute
+        if seq.num_preemptions == 0 and seq.sample.index == 0:
+            seq.request.output.num_cached_prompt_tokens = n_hit
         try:
             if swapped:
                 if n_hit < seq.num_computed:
@@ -237,6 +240,7 @@ class Scheduler:
     def _preempt(self, seq: Seq) -> None:
         """Take ``seq`` out of the cache and put it at the front of the queue."""
         self.num_preemptions += 1
+        seq.num_preemptions += 1
         host = None
         if self.swap is not None and self.window is None and seq.num_computed > 0:
             host = self.swap.swap_out(self.cache, seq)
@@ -252,11 +256,12 @@ class Scheduler:
 
     def remove(self, seq: Seq) -> None:
         """Drop a sequence from wherever it is (finished or aborted)."""
-        if seq.status == RUNNING:
+        if seq in self.running:
             self.running.remove(seq)
-            self.cache.free(seq.seq_id)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        if seq.seq_id in self.cache:
+            self.cache.free(seq.seq_id)
         if seq.swap_pages is not None:
             self.swap.release(seq)
         seq.status = FINISHED

@@ -37,3 +37,53 @@ def test_paged_attention_accepts_holes_outside_the_window(backend):
     with pytest.raises(pnp.InvalidBlockTable):
         pnp.paged_attention(q, k_pages, v_pages, table[None], np.array([L], np.int32),
                             np.array([0, n_q], np.int32), sliding_window=w, backend=backend)
+
+
+@pytest.fixture(scope="module")
+def windowed():
+    from engine_helpers import tiny_model
+    return tiny_model(seed=1, sliding_window=8)
+
+
+def test_long_generation_with_a_window_outgrows_the_arena_in_bounded_memory(windowed):
+    prompt = list(range(3, 33))                                  # 30 tokens
+    want = windowed.dense_generate(prompt, 60)                   # 90 tokens in all
+    engine = pnp.Engine(windowed, num_pages=6, page_size=4,      # 24 slots < 90 tokens
+                        max_num_batched_tokens=8, backend="numpy")
+    (out,) = engine.generate([prompt], pnp.SamplingParams(max_tokens=60, temperature=0))
+    assert out.token_ids == want and out.finish_reason == "length"
+    # The window (8 keys) plus a chunk of 8 queries spans at most 5 pages of 4.
+    assert engine.metrics["peak_pages_in_use"] <= 5
+    assert max(engine.metrics["series"]["num_in_use"]) <= 5
+    engine.cache.check_invariants()
+
+
+def test_window_is_not_the_dense_unwindowed_answer(windowed):
+    from engine_helpers import tiny_model
+    plain = tiny_model(seed=1)                                   # same weights, no window
+    prompt = list(range(3, 33))
+    assert plain.dense_generate(prompt, 20) != windowed.dense_generate(prompt, 20)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_windowed_requests_under_preemption_equal_dense(windowed, mode):
+    from engine_helpers import prompts
+    ps = prompts(8, seed=6, system=list(range(60, 76)))
+    want = [windowed.dense_generate(p, 24) for p in ps]
+    engine = pnp.Engine(windowed, num_pages=5, page_size=4, max_num_seqs=4,
+                        max_num_batched_tokens=24, preemption_mode=mode, backend="numpy")
+    outs = engine.generate(ps, pnp.SamplingParams(max_tokens=24, temperature=0))
+    assert [o.token_ids for o in outs] == want
+    assert engine.metrics["preemptions"] > 0
+    engine.cache.check_invariants()
+    assert engine.cache.stats()["num_in_use"] == 0
+
+
+def test_n4_forks_after_window_release(windowed):
+    prompt = list(range(3, 40))
+    engine = pnp.Engine(windowed, num_pages=16, page_size=4, max_num_seqs=4,
+                        backend="numpy")
+    (out,) = engine.generate([prompt], pnp.SamplingParams(max_tokens=20, temperature=0, n=4))
+    want = windowed.dense_generate(prompt, 20)
+    assert all(s.token_ids == want for s in out.samples)
+    engine.cache.check_invariants()
