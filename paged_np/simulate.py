@@ -1,0 +1,430 @@
+"""Where does KV memory go? Reproduce the vLLM paper's memory figures by accounting.
+
+Run it::
+
+    python -m paged_np simulate --quick                 # well under a minute
+    python -m paged_np simulate --json out.json --plot out.png --seed 0
+
+No attention is computed: a request is its lengths and token ids, and each
+scheduler step writes one token per running request. What is measured is where
+the KV memory goes, under three experiments from Kwon et al. (SOSP 2023):
+
+1. **Memory breakdown** (the paper's Fig. 2). A trace is served FCFS with
+   continuous batching under a fixed budget of ``KV_SLOTS`` token slots
+   (OPT-13B on an A100-40GB: about 12 GiB of KV at 800 KiB per token).
+
+   - *Contiguous* (Orca): at admission a request gets one contiguous range of
+     slots from a first-fit allocator: the model's maximum length (2048,
+     ``orca_max``), the next power of two of its true length (``orca_pow2``),
+     or exactly its true length (``orca_oracle``). It keeps them to the end.
+   - *Paged*: the real :class:`~paged_np.PagedKVCache` (a tiny arena: one
+     layer, one head, ``head_dim`` 1) allocates pages on demand; when a decode
+     step finds no page, the last-admitted request is preempted (freed, and
+     recomputed later), as vLLM does. Admission keeps 1% of pages free.
+
+   At every step at which some request is still waiting (the server is
+   full: memory, not demand, is the limit), after the step's writes, the
+   slots split into four categories, as fractions of all KV slots, averaged
+   over those steps (they sum to 1):
+
+   - ``token_states``: slots holding a written token's KV;
+   - ``reservation``: allocated slots that this request *will* fill later
+     (true final length minus current length, within what it holds);
+   - ``internal_frag``: allocated slots it will *never* fill (a contiguous
+     reservation beyond the final length; the tail of a paged request's last
+     page beyond its final length);
+   - ``external_frag``: free slots while a request waits: holes too small
+     for the next request, memory idle because of the batch cap or the
+     paged watermark (the paper's "external fragmentation & others").
+
+   ``batch_size`` is the mean number of running requests over those steps.
+   The paper's time-averaged numbers come from real traces and a real server;
+   ours from the synthetic traces of :mod:`paged_np.workloads`.
+
+2. **Sharing savings** (the paper's Fig. 15). Each request runs alone in a
+   cache large enough for it; at every step we count the pages in use with
+   sharing (``fork`` + copy-on-write through the real cache) and the pages
+   the same sequences would take with no sharing (each sample or beam its
+   own copy: ``n * ceil(len / page_size)``). The saving is ``1 - shared /
+   unshared`` over all steps of all requests: the cut in time-averaged KV.
+
+3. **Prefix caching and eviction** (not in the paper). Multi-turn chat and
+   few-shot traces are served one request at a time through the real cache,
+   whose pages stay CACHED after a request ends; the hit rate (prompt tokens
+   reused / prompt tokens) is swept over cache sizes for the ``lru``,
+   ``fifo`` and ``lfu`` policies. The largest size holds every page, so its
+   hit rate is the trace's maximum reusable fraction
+   (:func:`max_reusable_fraction`, computed independently with a trie).
+
+Simplifications: one token per request per step (a prompt is written in its
+first step together with the first output token); no prefill/decode
+timing; the first-fit allocator stands in for Orca's; no swapping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import deque
+
+import numpy as np
+
+from . import workloads as wl
+from .config import CacheConfig
+from .contiguous import MAX_LEN, SCHEMES, FirstFit, reserve_size
+from .errors import InvalidArgument, OutOfPages
+from .kv_cache import PagedKVCache
+
+KV_SLOTS = 15728  # 12 GiB of KV / 800 KiB per token (OPT-13B: 2 * 40 layers * 5120 * 2 bytes)
+MAX_BATCH = 256  # vLLM's default max_num_seqs
+WATERMARK = 0.01  # vLLM keeps 1% of pages free when admitting
+CATEGORIES = ("token_states", "reservation", "internal_frag", "external_frag")
+WIDTHS = (2, 4, 6)  # the paper's parallel sizes and beam widths (Fig. 15)
+POLICIES = ("lru", "fifo", "lfu")
+
+#: The paper's numbers, quoted in the JSON and the plots (fractions).
+PAPER = {
+    "token_states": {"orca_max": 0.204, "orca_oracle": 0.382, "paged": 0.963},
+    "parallel_sampling": {"alpaca": (0.061, 0.098), "sharegpt": (0.162, 0.305)},
+    "beam_search": {"alpaca": (0.376, 0.552), "sharegpt": (0.443, 0.663)},
+}
+
+
+def accounting_cache(num_pages: int, page_size: int, policy: str = "lru") -> PagedKVCache:
+    """A real PagedKVCache whose arena is negligible (1 layer, 1 head, head_dim 1)."""
+    cfg = CacheConfig(num_pages=num_pages, page_size=page_size, num_layers=1,
+                      num_kv_heads=1, head_dim=1, eviction_policy=policy)
+    return PagedKVCache(cfg, record_events=False)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ------------------------------------------------------------------ 1. memory breakdown
+def _summary(acc: np.ndarray, steps: int, total: int, **extra) -> dict:
+    """acc = sums over measured steps of [token, reservation, internal, free slots, batch]."""
+    steps = max(steps, 1)
+    out = {c: float(acc[i] / (steps * total)) for i, c in enumerate(CATEGORIES)}
+    out.update(batch_size=float(acc[4] / steps), measured_steps=int(steps), **extra)
+    return out
+
+
+def serve_contiguous(requests, scheme: str, num_slots: int = KV_SLOTS, max_len: int = MAX_LEN,
+                     max_batch: int = MAX_BATCH) -> dict:
+    """Serve ``requests`` (all arrived at time 0) with Orca-style reservations."""
+    alloc = FirstFit(num_slots)
+    waiting = deque(requests)
+    running = []  # [offset, reserved, ctx, final] per running request
+    acc, steps = np.zeros(5), 0
+    while waiting or running:
+        while waiting and len(running) < max_batch:  # FCFS: the head waits, nobody overtakes
+            r = waiting[0]
+            size = reserve_size(r.total_len, scheme, max_len)
+            if size > num_slots:
+                raise InvalidArgument(f"request {r.req_id} needs {size} slots > num_slots")
+            off = alloc.allocate(size)
+            if off is None:
+                break
+            waiting.popleft()
+            running.append([off, size, r.input_len, r.total_len])
+        for s in running:  # every request writes one token (the first step: its prompt too)
+            s[2] += 1
+        if waiting:
+            tok = sum(s[2] for s in running)
+            res = sum(s[3] - s[2] for s in running)
+            internal = sum(s[1] - s[3] for s in running)
+            acc += (tok, res, internal, num_slots - alloc.used, len(running))
+            steps += 1
+        for s in running:
+            if s[2] == s[3]:
+                alloc.free(s[0], s[1])
+        running = [s for s in running if s[2] < s[3]]
+    return _summary(acc, steps, num_slots)
+
+
+def serve_paged(requests, page_size: int, num_slots: int = KV_SLOTS,
+                max_batch: int = MAX_BATCH, watermark: float = WATERMARK) -> dict:
+    """Serve ``requests`` (all arrived at time 0) through the real paged cache."""
+    num_pages = num_slots // page_size
+    cache = accounting_cache(num_pages, page_size)
+    pool = cache.pool
+    keep = int(np.ceil(watermark * num_pages))
+    done = {r.req_id: 0 for r in requests}  # output tokens written so far
+    by_id = {r.req_id: r for r in requests}
+    waiting, running = deque(by_id), []  # request ids; running in admission order
+    acc, steps, preemptions = np.zeros(5), 0, 0
+    while waiting or running:
+        # Decode: each running request writes its newest token; on OutOfPages the
+        # last-admitted request is preempted (freed; it will recompute), then retry.
+        preempted, i = False, 0
+        while i < len(running):
+            rid = running[i]
+            try:
+                cache.allocate_slots(rid, 1)
+            except OutOfPages:
+                victim = running.pop()
+                cache.free(victim)
+                waiting.appendleft(victim)
+                preempted, preemptions = True, preemptions + 1
+                continue
+            cache.append_tokens(rid, [int(by_id[rid].output[done[rid]])])
+            done[rid] += 1
+            i += 1
+        # Admit (not in a step that preempted, like vLLM): prompt + generated so far.
+        while not preempted and waiting and len(running) < max_batch:
+            rid = waiting[0]
+            r = by_id[rid]
+            tokens = np.concatenate([r.prompt, r.output[:done[rid]]])  # [ctx]
+            if pool.num_available - _ceil_div(len(tokens) + 1, page_size) < keep:
+                if not running:
+                    raise InvalidArgument(f"request {rid} does not fit in {num_pages} pages")
+                break
+            waiting.popleft()
+            hit = cache.add_sequence(rid, tokens)
+            cache.allocate_slots(rid, len(tokens) - hit + 1)
+            cache.append_tokens(rid, np.append(tokens[hit:], r.output[done[rid]]))
+            done[rid] += 1
+            running.append(rid)
+        if waiting:
+            ctx = [by_id[rid].input_len + done[rid] for rid in running]
+            tok = sum(ctx)
+            # Slack of the last page that the request will still fill: reservation.
+            res = sum(min(by_id[rid].total_len, _ceil_div(c, page_size) * page_size) - c
+                      for rid, c in zip(running, ctx))
+            held = pool.num_in_use * page_size
+            acc += (tok, res, held - tok - res, pool.num_available * page_size, len(running))
+            steps += 1
+        for rid in [x for x in running if done[x] == by_id[x].output_len]:
+            cache.free(rid)
+            running.remove(rid)
+    return _summary(acc, steps, num_pages * page_size, preemptions=preemptions)
+
+
+# ------------------------------------------------------------------ 2. sharing savings
+def parallel_sampling_pages(requests, n: int, page_size: int) -> tuple[int, int]:
+    """Page-steps (shared, unshared) of parallel sampling with ``n`` samples per request.
+
+    The prompt is written once, then forked ``n - 1`` times; every sample
+    writes ``output_len`` tokens of its own (copy-on-write splits the shared
+    last prompt page).
+    """
+    cache = accounting_cache(n * _ceil_div(2 * MAX_LEN, page_size) + 1, page_size)
+    shared = unshared = 0
+    for r in requests:
+        P = r.input_len
+        cache.add_sequence(0, r.prompt)
+        cache.allocate_slots(0, P)
+        cache.append_tokens(0, r.prompt)
+        for j in range(1, n):
+            cache.fork(0, j)
+        for t in range(r.output_len):
+            for j in range(n):  # sample j's token differs from the others'
+                cache.allocate_slots(j, 1)
+                cache.append_tokens(j, [(int(r.output[t]) + j) % wl.VOCAB_SIZE])
+            shared += cache.pool.num_in_use
+            unshared += n * _ceil_div(P + t + 1, page_size)
+        for j in range(n):
+            cache.free(j)
+    return shared, unshared
+
+
+def beam_search_pages(requests, width: int, page_size: int, rng: np.random.Generator,
+                      ambiguity: float = 0.04) -> tuple[int, int]:
+    """Page-steps (shared, unshared) of beam search of ``width`` k per request.
+
+    Each step follows :func:`~paged_np.workloads.beam_search_tree`: a beam
+    chosen once continues as itself, one chosen again is forked, one not chosen
+    is freed; then every beam writes its token (copy-on-write where shared).
+    """
+    cache = accounting_cache(width * _ceil_div(2 * MAX_LEN, page_size) + 1, page_size)
+    shared = unshared = 0
+    next_id = 0
+    for r in requests:
+        P = r.input_len
+        parents, tokens = wl.beam_search_tree(width, r.output_len, rng, ambiguity)
+        beams = [next_id]
+        next_id += 1
+        cache.add_sequence(beams[0], r.prompt)
+        cache.allocate_slots(beams[0], P)
+        cache.append_tokens(beams[0], r.prompt)
+        for t in range(r.output_len):
+            new, taken = [], set()
+            for p in parents[t]:  # forks first: fork refuses a parent with pending slots
+                sid = beams[p]
+                if sid in taken:
+                    cache.fork(sid, next_id)
+                    sid, next_id = next_id, next_id + 1
+                taken.add(sid)
+                new.append(sid)
+            for sid in beams:
+                if sid not in taken:  # pruned: no new beam extends it
+                    cache.free(sid)
+            for sid, tok in zip(new, tokens[t]):
+                cache.allocate_slots(sid, 1)
+                cache.append_tokens(sid, [int(tok)])
+            beams = new
+            shared += cache.pool.num_in_use
+            unshared += width * _ceil_div(P + t + 1, page_size)
+        for sid in beams:
+            cache.free(sid)
+    return shared, unshared
+
+
+def savings(shared_unshared: tuple[int, int]) -> float:
+    shared, unshared = shared_unshared
+    return 1.0 - shared / unshared if unshared else 0.0
+
+
+# ------------------------------------------------------------------ 3. prefix caching
+def hit_rate(trace, policy: str, num_pages: int, page_size: int) -> float:
+    """Serve ``trace`` one request at a time through a cache of ``num_pages``; prompt hit rate."""
+    cache = accounting_cache(num_pages, page_size, policy)
+    for r in trace:
+        hit = cache.add_sequence(0, r.prompt)
+        cache.allocate_slots(0, r.total_len - hit)
+        cache.append_tokens(0, np.concatenate([r.prompt[hit:], r.output]))
+        cache.free(0)  # full pages stay CACHED, for later prompts to reuse
+    return cache.stats()["hit_rate"]
+
+
+def max_reusable_fraction(trace, page_size: int) -> float:
+    """Prompt tokens an infinite prefix cache could reuse / prompt tokens (a trie; no cache).
+
+    A prompt reuses its longest run of leading whole pages that an earlier
+    request wrote (prompt or output), at most ``len(prompt) - 1`` tokens.
+    """
+    trie: dict = {}  # (parent node, page tokens) -> node
+    hits = total = 0
+    for r in trace:
+        node, n = 0, 0
+        for i in range((r.input_len - 1) // page_size):
+            node = trie.get((node, tuple(r.prompt[i * page_size:(i + 1) * page_size])))
+            if node is None:
+                break
+            n += 1
+        hits += n * page_size
+        total += r.input_len
+        seq = np.concatenate([r.prompt, r.output])
+        node = 0
+        for i in range(len(seq) // page_size):
+            node = trie.setdefault((node, tuple(seq[i * page_size:(i + 1) * page_size])),
+                                   len(trie) + 1)
+    return hits / total if total else 0.0
+
+
+def cache_sizes(trace, page_size: int, points: int) -> list[int]:
+    """Geometric sizes from the largest request to every page of the trace at once."""
+    lo = max(_ceil_div(r.total_len, page_size) for r in trace)
+    hi = lo + sum(r.total_len // page_size for r in trace)  # enough for everything
+    return sorted({int(round(x)) for x in np.geomspace(lo, hi, points)})
+
+
+# ------------------------------------------------------------------ the whole run
+#: Sizes of the full run and of ``--quick``.
+SIZES = {
+    False: dict(requests=1000, page_sizes=(8, 16, 32), sharing_requests=100,
+                conversations=60, fewshot=200, points=8),
+    True: dict(requests=200, page_sizes=(16,), sharing_requests=12,
+               conversations=15, fewshot=60, points=4),
+}
+
+
+def run(seed: int = 0, quick: bool = False, progress: bool = True) -> dict:
+    """Run the three experiments; return the results dict that ``--json`` writes.
+
+    Every experiment draws from its own generator, seeded by ``(seed, k)``, so
+    results do not depend on which experiments run or in which order.
+    """
+    from tqdm import tqdm
+
+    size = SIZES[quick]
+    rng = lambda k: np.random.default_rng([seed, k])  # noqa: E731
+    traces = {d: wl.sample_requests(m, size["requests"], rng(i))
+              for i, (d, m) in enumerate(wl.DATASETS.items())}
+    sharing = {d: t[:size["sharing_requests"]] for d, t in traces.items()}
+    prefix = {"chat": wl.chat_trace(rng(10), num_conversations=size["conversations"]),
+              "fewshot": wl.fewshot_trace(rng(11), num_requests=size["fewshot"])}
+    ps = 16  # vLLM's default page (block) size: the headline everywhere
+
+    jobs = []  # (key path, function): one progress-bar tick each
+    for d, t in traces.items():
+        for s in SCHEMES:
+            jobs.append((("breakdown", d, s), lambda t=t, s=s: serve_contiguous(t, s)))
+        for p in size["page_sizes"]:
+            jobs.append((("breakdown", d, f"paged_{p}"), lambda t=t, p=p: serve_paged(t, p)))
+    for i, (d, t) in enumerate(sharing.items()):
+        for n in WIDTHS:
+            jobs.append((("parallel_sampling", d, str(n)),
+                         lambda t=t, n=n: savings(parallel_sampling_pages(t, n, ps))))
+            jobs.append((("beam_search", d, str(n)), lambda t=t, n=n, d=d, i=i: savings(
+                beam_search_pages(t, n, ps, rng(20 + 10 * i + n), wl.BEAM_AMBIGUITY[d]))))
+    for name, t in prefix.items():
+        for pol in POLICIES:
+            for c in cache_sizes(t, ps, size["points"]):
+                jobs.append((("policies", name, pol, c),
+                             lambda t=t, pol=pol, c=c: hit_rate(t, pol, c, ps)))
+
+    raw: dict = {}
+    for key, fn in tqdm(jobs, desc="simulate", disable=not progress, file=sys.stderr):
+        raw[key] = fn()
+
+    by_ds = {d: {k[2]: v for k, v in raw.items() if k[:2] == ("breakdown", d)} for d in traces}
+    headline = dict(by_ds["sharegpt"])
+    headline["paged"] = headline[f"paged_{ps}"]
+    widths = {kind: {d: {k[2]: v for k, v in raw.items() if k[:2] == (kind, d)} for d in sharing}
+              for kind in ("parallel_sampling", "beam_search")}
+    curves = {name: {pol: [{"cache_pages": k[3], "hit_rate": v} for k, v in raw.items()
+                           if k[:3] == ("policies", name, pol)] for pol in POLICIES}
+              for name in prefix}
+    return {
+        "seed": seed,
+        "quick": quick,
+        "config": {"kv_slots": KV_SLOTS, "max_len": MAX_LEN, "max_batch": MAX_BATCH,
+                   "watermark": WATERMARK, "page_size": ps, "page_sizes": list(size["page_sizes"]),
+                   "widths": list(WIDTHS), "beam_ambiguity": wl.BEAM_AMBIGUITY, **size},
+        "datasets": {d: {"requests": len(t),
+                         "published_mean_input": wl.DATASETS[d].input_mean,
+                         "published_mean_output": wl.DATASETS[d].output_mean,
+                         "mean_input": float(np.mean([r.input_len for r in t])),
+                         "mean_output": float(np.mean([r.output_len for r in t]))}
+                     for d, t in traces.items()},
+        "memory_breakdown": {s: headline[s] for s in (*SCHEMES, "paged")},
+        "memory_breakdown_by_dataset": by_ds,
+        "sharing_savings": {
+            # Headline: ShareGPT, averaged over the widths 2, 4, 6.
+            **{kind: float(np.mean(list(widths[kind]["sharegpt"].values())))
+               for kind in ("parallel_sampling", "beam_search")},
+            "by_dataset": widths,
+        },
+        "policies": curves["chat"],
+        "policies_fewshot": curves["fewshot"],
+        "max_reusable": {name: max_reusable_fraction(t, ps) for name, t in prefix.items()},
+        "paper": PAPER,
+    }
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m paged_np simulate", description=__doc__.split(
+        "\n")[0])
+    ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    ap.add_argument("--plot", metavar="PATH", help="draw the figures (PNG)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="small traces: well under a minute")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    res = run(args.seed, args.quick)
+    from .simulate_plot import report
+
+    print(report(res))
+    print(f"({time.perf_counter() - t0:.1f} s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    if args.plot:
+        from .simulate_plot import plot_all
+
+        plot_all(res).savefig(args.plot, dpi=120, bbox_inches="tight")
+    return 0
