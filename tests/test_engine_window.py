@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from engine_helpers import BACKENDS
 
 import paged_np as pnp
 from paged_np.attention.reference import dense_attention
 
 
-@pytest.mark.parametrize("backend", ["numpy"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_paged_attention_accepts_holes_outside_the_window(backend):
     """-1 entries for pages wholly before every query's window are allowed and unread."""
     rng = np.random.default_rng(0)
@@ -45,11 +46,12 @@ def windowed():
     return tiny_model(seed=1, sliding_window=8)
 
 
-def test_long_generation_with_a_window_outgrows_the_arena_in_bounded_memory(windowed):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_long_generation_with_a_window_outgrows_the_arena_in_bounded_memory(windowed, backend):
     prompt = list(range(3, 33))                                  # 30 tokens
     want = windowed.dense_generate(prompt, 60)                   # 90 tokens in all
     engine = pnp.Engine(windowed, num_pages=6, page_size=4,      # 24 slots < 90 tokens
-                        max_num_batched_tokens=8, backend="numpy")
+                        max_num_batched_tokens=8, backend=backend)
     (out,) = engine.generate([prompt], pnp.SamplingParams(max_tokens=60, temperature=0))
     assert out.token_ids == want and out.finish_reason == "length"
     # The window (8 keys) plus a chunk of 8 queries spans at most 5 pages of 4.
