@@ -411,6 +411,8 @@ def as_token_ids(x, name: str, allow_empty: bool = False) -> list:
 
 def _num_released(block_table: list) -> int:
     """Leading -1 entries of a block table (pages given back by release_pages_before)."""
+    if not block_table or block_table[0] >= 0:  # the common case: nothing released
+        return 0
     return bisect_left(block_table, True, key=lambda p: p >= 0)
 
 

@@ -141,6 +141,7 @@ class Scheduler:
         self.preemption_mode = preemption_mode
         self.window = sliding_window
         self.swap = SwapArena(cache, swap_pages) if preemption_mode == "swap" else None
+        self._arena_tokens = cache.cfg.num_slots
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []     # in admission order: the last is the next victim
         self.num_preemptions = 0
@@ -160,7 +161,8 @@ class Scheduler:
             n = min(seq.num_tokens - seq.num_computed, budget)
             slots = None
             while slots is None:
-                n = min(n, self._max_new_tokens(seq))
+                if seq.num_computed + n > self._arena_tokens:   # rare: cap to the arena
+                    n = min(n, self._max_new_tokens(seq))
                 if n < 1:
                     break
                 try:
@@ -269,13 +271,15 @@ class Scheduler:
     # --------------------------------------------------------- sliding window
     def release_outside_window(self, seq: Seq) -> None:
         """Return pages no future query can see (all keys before ``num_computed - W + 1``)."""
-        if self.window is not None:
+        if self.window is not None and seq.num_computed > self.window:
             self.cache.release_pages_before(seq.seq_id, seq.num_computed - self.window + 1)
 
     # ----------------------------------------------------------------- sizes
     def _released(self, seq: Seq) -> int:
         """Leading pages of ``seq`` already given back (window): -1 entries."""
         bt = self.cache.sequence(seq.seq_id).block_table
+        if not bt or bt[0] >= 0:
+            return 0
         return bisect_left(bt, True, key=lambda p: p >= 0)
 
     def _max_new_tokens(self, seq: Seq) -> int:
