@@ -7,6 +7,7 @@ from .attention import merge_attention_states, paged_attention
 from .config import CacheConfig, ModelConfig
 from .engine import Engine
 from .errors import (
+    CudaUnavailable,
     DTypeError,
     DuplicateSequence,
     IndexOutOfRange,

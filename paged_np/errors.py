@@ -58,6 +58,19 @@ class DTypeError(PagedNPError, TypeError):
     """An argument of the wrong type or array dtype."""
 
 
+class BackendUnavailable(PagedNPError, ImportError):
+    """The requested attention backend cannot be imported here."""
+
+
+class CudaUnavailable(BackendUnavailable):
+    """``backend="cuda"`` asked for, but ``numba.cuda`` has no GPU and no simulator.
+
+    A :class:`BackendUnavailable` (an ``ImportError`` too): importing
+    :mod:`paged_np.attention.numba_cuda` raises it, and the message says how to
+    install the ``cuda`` extra or turn on Numba's CUDA simulator.
+    """
+
+
 __all__ = [
     "PagedNPError",
     "OutOfPages",
@@ -69,4 +82,6 @@ __all__ = [
     "IndexOutOfRange",
     "DuplicateSequence",
     "DTypeError",
+    "BackendUnavailable",
+    "CudaUnavailable",
 ]

@@ -83,6 +83,9 @@ class PagedKVCache:
         Shapes, dtype and eviction policy.
     record_events : bool
         Keep the ``events`` log (for drawings). Turn it off for long runs.
+    device : str
+        ``"cpu"`` (a NumPy arena) or ``"cuda"`` (a numba device arena, see
+        :class:`paged_np.attention.numba_cuda.DeviceArena`).
 
     Example
     -------
@@ -97,11 +100,16 @@ class PagedKVCache:
     def __init__(self, cfg: CacheConfig, record_events: bool = True, device: str = "cpu"):
         if not isinstance(cfg, CacheConfig):
             raise DTypeError(f"cfg must be a CacheConfig, got {type(cfg).__name__}")
-        if device != "cpu":
-            raise InvalidArgument(f"device must be 'cpu', got {device!r}")
+        if device not in ("cpu", "cuda"):
+            raise InvalidArgument(f"device must be 'cpu' or 'cuda', got {device!r}")
         self.cfg = cfg
         self.page_size = cfg.page_size
-        self._arena = Arena(cfg)
+        self.device = device
+        if device == "cuda":  # the arena as a device array; raises CudaUnavailable without one
+            from .attention.numba_cuda import DeviceArena
+            self._arena = DeviceArena(cfg)
+        else:
+            self._arena = Arena(cfg)
         self.pool = PagePool(cfg.num_pages, cfg.page_size, cfg.eviction_policy)
         self.pool.listener = self._on_pool_event
         self._seqs: dict[object, Sequence] = {}
@@ -116,7 +124,7 @@ class PagedKVCache:
     # ----------------------------------------------------------------- arena
     @property
     def arena(self) -> np.ndarray:
-        """The one ndarray holding every page."""
+        """The one ndarray holding every page (a numba device array when device="cuda")."""
         return self._arena.data
 
     def layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:

@@ -31,16 +31,19 @@ from typing import NamedTuple
 import numpy as np
 
 from ..config import KV_DTYPES
-from ..errors import DTypeError, InvalidArgument, InvalidBlockTable, PagedNPError, ShapeError
+from ..errors import (  # BackendUnavailable: defined in errors, still importable from here
+    BackendUnavailable,
+    DTypeError,
+    InvalidArgument,
+    InvalidBlockTable,
+    PagedNPError,
+    ShapeError,
+)
 from .split_k import merge_attention_states
 
 BACKENDS = ("numpy", "numba", "cuda", "auto")
 _MODULES = {"numpy": "numpy_paged", "numba": "numba_cpu", "cuda": "numba_cuda"}
 _INT32_MAX = np.iinfo(np.int32).max
-
-
-class BackendUnavailable(PagedNPError, ImportError):
-    """The requested attention backend cannot be imported here."""
 
 
 class PagedAttentionArgs(NamedTuple):
