@@ -7,7 +7,6 @@ so ``python -m paged_np info`` stays fast and never compiles a kernel.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 
 # subcommand -> (module, one-line help)
@@ -36,10 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    target = COMMANDS[name][0]
-    if importlib.util.find_spec(target) is None and name == "demo":
-        target = COMMANDS["walkthrough"][0]  # until the serving engine lands
-    module = importlib.import_module(target)
+    module = importlib.import_module(COMMANDS[name][0])
     return int(module.main(rest) or 0)
 
 

@@ -19,6 +19,7 @@ multi-group (hybrid) cache.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import namedtuple
 from dataclasses import dataclass
 
@@ -183,12 +184,13 @@ class PagedKVCache:
         ps = self.page_size
         start, end = seq.num_tokens, seq.num_tokens + n
         pages_needed = -(-end // ps)
-        if pages_needed > self.cfg.num_pages:
-            raise InvalidArgument(
-                f"n={n}: the sequence would need {pages_needed} pages, more than the "
-                f"arena's num_pages={self.cfg.num_pages}"
-            )
         bt = seq.block_table
+        released = _num_released(bt)  # pages given back by release_pages_before
+        if pages_needed - released > self.cfg.num_pages:
+            raise InvalidArgument(
+                f"n={n}: the sequence would need {pages_needed - released} pages, more than "
+                f"the arena's num_pages={self.cfg.num_pages}"
+            )
         # Pages this step writes into that someone else also holds: copy them first.
         cow = [i for i in range(start // ps, min(len(bt), pages_needed))
                if self.pool.ref_count(bt[i]) > 1]
@@ -244,7 +246,7 @@ class PagedKVCache:
                 "slots: append_tokens before fork"
             )
         child = parent.copy(child_id)
-        for p in child.block_table:
+        for p in child.block_table[_num_released(child.block_table):]:
             self.pool.share(p)
             self._log("fork", p, child_id)
         self._seqs[child_id] = child
@@ -258,9 +260,34 @@ class PagedKVCache:
         """
         seq = self._get(seq_id)
         self._actor = seq_id
-        for p in reversed(seq.block_table):
+        for p in reversed(seq.block_table[_num_released(seq.block_table):]):
             self.pool.free(p)
         del self._seqs[seq_id]
+
+    def release_pages_before(self, seq_id, num_tokens: int) -> int:
+        """Give back the pages that hold only positions ``< num_tokens`` (sliding window).
+
+        With a sliding window of ``w`` tokens, a query at position ``p`` never
+        reads keys before ``p - w + 1``, so once a sequence's next query is at
+        ``p`` the pages wholly before that are dead weight. They are released
+        like in :meth:`free` (full, indexed pages become CACHED, so a later
+        prompt can still hit them) and their block-table entries become -1;
+        the sequence keeps its tokens and its hash chain. Released pages are
+        always a prefix of the block table. Returns how many pages were released.
+        """
+        seq = self._get(seq_id)
+        if isinstance(num_tokens, bool) or not hasattr(num_tokens, "__index__"):
+            raise DTypeError(f"num_tokens must be an int, got {type(num_tokens).__name__}")
+        bt = seq.block_table
+        first = _num_released(bt)
+        ps = self.page_size
+        # Whole pages below num_tokens, and only pages whose tokens are all written.
+        last = min(max(int(num_tokens), 0) // ps, len(bt), seq.num_tokens // ps)
+        self._actor = seq_id
+        for i in range(last - 1, first - 1, -1):  # tail-first, as in free()
+            self.pool.free(bt[i])
+            bt[i] = -1
+        return max(0, last - first)
 
     # --------------------------------------------------------------- queries
     def batch(self, seq_ids) -> BatchMetadata:
@@ -328,7 +355,13 @@ class PagedKVCache:
                 f"sequence {sid!r} holds pages beyond its tokens"
             )
             assert len(s.page_hashes) == s.num_tokens // ps, f"sequence {sid!r}: hash chain length"
+            released = _num_released(s.block_table)
+            assert all(p >= 0 for p in s.block_table[released:]), (
+                f"sequence {sid!r}: a released (-1) page after a held one"
+            )
             for i, p in enumerate(s.block_table):
+                if i < released:
+                    continue
                 holders[p] += 1
                 h = self.pool.page_hash(p)
                 if h is not None:
@@ -382,6 +415,13 @@ def as_token_ids(x, name: str, allow_empty: bool = False) -> list:
     if arr.min() < 0:
         raise InvalidArgument(f"{name} holds a negative token id ({int(arr.min())})")
     return arr.tolist()
+
+
+def _num_released(block_table: list) -> int:
+    """Leading -1 entries of a block table (pages given back by release_pages_before)."""
+    if not block_table or block_table[0] >= 0:  # the common case: nothing released
+        return 0
+    return bisect_left(block_table, True, key=lambda p: p >= 0)
 
 
 def _count(n, name: str) -> int:

@@ -220,7 +220,6 @@ def validate_paged_attention_inputs(q, k_pages, v_pages, block_tables, seq_lens,
         raise InvalidBlockTable(
             f"block_tables has {max_pages} columns but sequence {b} (seq_lens={int(seq_lens[b])}"
             f", page_size={page_size}) needs {int(n_pages[b])} pages")
-    _check_page_ids(block_tables, n_pages, num_pages)
 
     if query_start_loc is None:
         if T != B:
@@ -248,18 +247,29 @@ def validate_paged_attention_inputs(q, k_pages, v_pages, block_tables, seq_lens,
                 else f"{int(n_q[b])} queries but seq_lens={int(seq_lens[b])}")
         raise InvalidArgument(f"query_start_loc/seq_lens: sequence {b} has {what}; a sequence "
                               f"cannot have more queries than tokens in the cache")
+    window = _sliding_window(sliding_window)
+    # Pages wholly before every query's window are never read: they may be -1
+    # (the engine gives them back, see PagedKVCache.release_pages_before).
+    first_live = np.maximum((seq_lens - n_q - window + 1) // page_size, 0) if window else None
+    _check_page_ids(block_tables, n_pages, num_pages, first_live)
 
     return PagedAttentionArgs(
         q, k_pages, v_pages,
         np.ascontiguousarray(block_tables, dtype=np.int32),
         np.ascontiguousarray(seq_lens, dtype=np.int32),
         np.ascontiguousarray(query_start_loc, dtype=np.int32),
-        _scale(scale, head_dim), _sliding_window(sliding_window))
+        _scale(scale, head_dim), window)
 
 
-def _check_page_ids(block_tables, n_pages, num_pages):
-    """Every page id a sequence uses is in ``[0, num_pages)``: O(B * max_pages)."""
-    used = np.arange(block_tables.shape[1])[None, :] < n_pages[:, None]  # [B, max_pages]
+def _check_page_ids(block_tables, n_pages, num_pages, first_live=None):
+    """Every page id a sequence uses is in ``[0, num_pages)``: O(B * max_pages).
+
+    ``first_live`` [B] (sliding window): entries before it are not used.
+    """
+    cols = np.arange(block_tables.shape[1])[None, :]                     # [1, max_pages]
+    used = cols < n_pages[:, None]                                       # [B, max_pages]
+    if first_live is not None:
+        used &= cols >= first_live[:, None]                              # [B, max_pages]
     bad = used & ((block_tables < 0) | (block_tables >= num_pages))      # [B, max_pages]
     if bad.any():
         b, i = (int(x) for x in np.argwhere(bad)[0])

@@ -1,0 +1,369 @@
+"""The serving engine: requests in, tokens out, the paged KV cache in between.
+
+::
+
+    engine = pnp.Engine(model, num_pages=32, page_size=16, max_num_seqs=8,
+                        max_num_batched_tokens=256)
+    outs = engine.generate(prompts, pnp.SamplingParams(max_tokens=16, temperature=0))
+
+One :meth:`Engine.step` is one forward pass of the model, the unit of
+*continuous batching* (Orca, vLLM): requests join and leave the batch at any
+step, so the batch never waits for its longest member. A step is
+
+1. **schedule** (:mod:`paged_np.scheduler`): pick each sequence's tokens under
+   the seat and token budgets, allocate their slots (preempting when pages
+   run out, admitting waiting requests when they are there);
+2. **build the batch**: concatenate the scheduled tokens, their positions and
+   slots, ``query_start_loc``, and ask the cache for block tables and seq_lens;
+3. **run the model** (:meth:`TinyLlama.forward`) over the whole batch;
+4. **post-process**: record the written tokens (``append_tokens``, which
+   hashes full pages for prefix reuse), release pages a sliding window has
+   left behind, sample the next token of every sequence that reached the end
+   of what it knows, fork ``n > 1`` requests after their prompt, finish
+   sequences that hit a stop token or ``max_tokens``.
+
+``engine.metrics`` reports what happened, including how the step time
+splits between scheduling (steps 1, 2), the model (3) and sampling (4), and a
+per-step series for drawings (``metrics["series"]``).
+
+Compared with vLLM: one process, no tokenizer or detokenizer, no async
+front end, no CUDA graphs; the scheduler and the model share a thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import numpy as np
+
+from .config import CacheConfig
+from .errors import DTypeError, InvalidArgument, UnknownSequence
+from .kv_cache import PagedKVCache, as_token_ids
+from .model import ForwardBatch, TinyLlama
+from .outputs import RequestOutput, SampleOutput
+from .sampling import SamplingParams, make_rng, sample_tokens
+from .scheduler import RUNNING, Scheduler, Seq
+
+PREEMPTION_MODES = ("recompute", "swap")
+ENGINE_BACKENDS = ("numpy", "numba", "auto")
+
+
+class _Request:
+    """The engine's record of one request: its output and its sequences."""
+
+    def __init__(self, request_id, index, prompt, params, output):
+        self.request_id = request_id
+        self.index = index            # keys the samples' random generators
+        self.prompt = prompt
+        self.params = params
+        self.output = output
+        self.seqs: list[Seq] = []
+
+
+def _engine_int(name, value, low):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise DTypeError(f"Engine: {name} must be an int, got {type(value).__name__}")
+    if value < low:
+        raise InvalidArgument(f"Engine: {name} must be >= {low}, got {value}")
+    return int(value)
+
+
+class Engine:
+    """Continuous batching over a paged KV cache.
+
+    Parameters
+    ----------
+    model : TinyLlama
+    num_pages, page_size : the cache's size (the arena is allocated here, once).
+    max_num_seqs : most sequences running at once.
+    max_num_batched_tokens : most tokens in one step (prefill chunks + decodes).
+    preemption_mode : "recompute" or "swap" (see :mod:`paged_np.scheduler`).
+    eviction_policy : "lru" (default), "fifo" or "lfu": which cached page goes first.
+    backend : paged attention backend, "numba", "numpy" or "auto".
+    swap_pages : pages of host swap space (swap mode); default ``num_pages``.
+    record_events : keep ``cache.events`` (for drawings; off for long runs).
+    """
+
+    def __init__(self, model, num_pages: int, page_size: int = 16, max_num_seqs: int = 8,
+                 max_num_batched_tokens: int = 256, preemption_mode: str = "recompute",
+                 eviction_policy: str = "lru", backend: str = "auto",
+                 swap_pages: int | None = None, record_events: bool = False):
+        if not isinstance(model, TinyLlama):
+            raise DTypeError(f"Engine: model must be a TinyLlama, got {type(model).__name__}")
+        num_pages = _engine_int("num_pages", num_pages, 1)
+        page_size = _engine_int("page_size", page_size, 1)
+        self.max_num_seqs = _engine_int("max_num_seqs", max_num_seqs, 1)
+        self.max_num_batched_tokens = _engine_int(
+            "max_num_batched_tokens", max_num_batched_tokens, 1)
+        if preemption_mode not in PREEMPTION_MODES:
+            raise InvalidArgument(f"Engine: preemption_mode must be one of {PREEMPTION_MODES}, "
+                                  f"got {preemption_mode!r}")
+        if backend not in ENGINE_BACKENDS:
+            raise InvalidArgument(
+                f"Engine: backend must be one of {ENGINE_BACKENDS}, got {backend!r}")
+        swap_pages = num_pages if swap_pages is None else _engine_int("swap_pages", swap_pages, 0)
+        mcfg = model.cfg
+        self.model = model
+        self.backend = backend
+        self.cache = PagedKVCache(
+            CacheConfig(num_pages=num_pages, page_size=page_size, num_layers=mcfg.num_layers,
+                        num_kv_heads=mcfg.num_kv_heads, head_dim=mcfg.head_dim,
+                        dtype=np.float32, eviction_policy=eviction_policy),
+            record_events=record_events)
+        self.scheduler = Scheduler(self.cache, self.max_num_seqs, self.max_num_batched_tokens,
+                                   preemption_mode, swap_pages, mcfg.sliding_window)
+        self._requests: dict = {}                      # unfinished, by request id
+        self._done: list[RequestOutput] = []           # finished outside a step (errors)
+        self._seq_ids = itertools.count()
+        self._num_requests = 0
+        self._stats = dict(steps=0, generated_tokens=0, scheduled_tokens=0, peak_pages_in_use=0,
+                           schedule_s=0.0, model_s=0.0, sample_s=0.0)
+        self._series = {k: [] for k in ("step", "running", "waiting", "num_free", "num_cached",
+                                        "num_in_use", "num_tokens", "preemptions")}
+
+    # ------------------------------------------------------------ requests
+    def add_request(self, prompt, params: SamplingParams | None = None, request_id=None,
+                    request_index: int | None = None):
+        """Queue one prompt; returns its request id.
+
+        ``request_index`` keys the random generators of its samples (with the
+        params' seed); by default it counts the requests added to this engine.
+        A prompt that can never fit in the cache is not refused here: the
+        request finishes at the next step with ``finish_reason == "error"``.
+        """
+        prompt = as_token_ids(prompt, "prompt")
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise DTypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if max(prompt) >= self.model.cfg.vocab_size:
+            raise InvalidArgument(f"prompt: token id {max(prompt)} is outside the vocabulary "
+                                  f"[0, {self.model.cfg.vocab_size})")
+        if params.n > self.max_num_seqs:
+            raise InvalidArgument(f"SamplingParams.n={params.n} exceeds the engine's "
+                                  f"max_num_seqs={self.max_num_seqs}")
+        if request_id is None:
+            request_id = f"req-{self._num_requests}"
+        if request_id in self._requests:
+            raise InvalidArgument(f"request_id {request_id!r} is already in the engine")
+        index = self._num_requests if request_index is None else request_index
+        self._num_requests += 1
+        out = RequestOutput(request_id, list(prompt),
+                            [SampleOutput(j) for j in range(params.n)])
+        req = _Request(request_id, index, prompt, params, out)
+        reason = self._never_fits(len(prompt))
+        if reason:
+            self._finish_request(req, "error", reason)
+            return request_id
+        seq = Seq(next(self._seq_ids), req, out.samples[0], list(prompt),
+                  make_rng(params.seed, index, 0), pending_fork=params.n - 1)
+        req.seqs.append(seq)
+        self._requests[request_id] = req
+        self.scheduler.waiting.append(seq)
+        return request_id
+
+    def abort(self, request_id) -> None:
+        """Stop a request now; its pages go back to the pool."""
+        req = self._requests.get(request_id)
+        if req is None:
+            raise UnknownSequence(f"request_id {request_id!r} is not running or waiting")
+        for seq in req.seqs:
+            self.scheduler.remove(seq)
+        self._finish_request(req, "abort")
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests) or bool(self._done)
+
+    def generate(self, prompts, params=None, progress=None) -> list[RequestOutput]:
+        """Serve every prompt to completion; outputs in the order of ``prompts``.
+
+        ``params`` is one SamplingParams for all or a list, one per prompt.
+        ``progress``, if given, is called with each finished RequestOutput.
+        """
+        prompts = list(prompts)
+        if params is None or isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise InvalidArgument(f"params: {len(params)} SamplingParams for "
+                                  f"{len(prompts)} prompts")
+        ids = [self.add_request(p, sp, request_index=i)
+               for i, (p, sp) in enumerate(zip(prompts, params))]
+        results = {}
+        while len(results) < len(ids):
+            for out in self.step():
+                results[out.request_id] = out
+                if progress is not None:
+                    progress(out)
+        return [results[i] for i in ids]
+
+    # ---------------------------------------------------------------- step
+    def step(self) -> list[RequestOutput]:
+        """One scheduling round and one forward pass; returns requests finished now."""
+        t0 = time.perf_counter()
+        sched = self.scheduler.schedule()
+        for seq, reason in sched.failed:
+            self._finish_seq(seq, "error", reason)
+        batch = self._build_batch(sched.scheduled) if sched.scheduled else None
+        t1 = time.perf_counter()
+        if batch is not None:
+            logits = self.model.forward(batch, self.cache, backend=self.backend)  # [S, V]
+        t2 = time.perf_counter()
+        if batch is not None:
+            self._postprocess(sched.scheduled, logits)
+        t3 = time.perf_counter()
+        st = self._stats
+        st["schedule_s"] += t1 - t0
+        st["model_s"] += t2 - t1
+        st["sample_s"] += t3 - t2
+        st["steps"] += 1
+        st["scheduled_tokens"] += sum(n for _, n, _ in sched.scheduled)
+        self._record_step()
+        self.cache.tick()
+        done, self._done = self._done, []
+        return done
+
+    def _build_batch(self, scheduled) -> ForwardBatch:
+        """Concatenate the step's tokens (varlen layout) and fetch the block tables."""
+        counts = np.fromiter((n for _, n, _ in scheduled), np.int64, len(scheduled))  # [B]
+        starts = np.fromiter((s.num_computed for s, _, _ in scheduled), np.int64,
+                             len(scheduled))                     # [B] first new position
+        qsl = np.zeros(len(scheduled) + 1, dtype=np.int32)       # [B+1]
+        np.cumsum(counts, out=qsl[1:])
+        T = int(qsl[-1])
+        tokens = np.fromiter(itertools.chain.from_iterable(
+            s.token_ids[c:c + n] for s, n, _ in scheduled for c in (s.num_computed,)),
+            np.int64, T)                                         # [T]
+        # Position of token t of sequence b: starts[b] + (t - qsl[b]).
+        positions = np.repeat(starts - qsl[:-1], counts) + np.arange(T)  # [T]
+        slots = np.concatenate([slots for _, _, slots in scheduled])     # [T] int64
+        meta = self.cache.batch([s.seq_id for s, _, _ in scheduled])
+        # Sequences that reach the end of what they know sample a token now.
+        samples = (starts + counts) == np.fromiter(
+            (s.num_tokens for s, _, _ in scheduled), np.int64, len(scheduled))  # [B] bool
+        logits_indices = qsl[1:][samples].astype(np.int64) - 1   # [S] last token of each
+        return ForwardBatch(tokens, positions, slots, qsl, meta.block_tables, meta.seq_lens,
+                            logits_indices)
+
+    def _postprocess(self, scheduled, logits) -> None:
+        """Record written tokens, release window pages, sample, fork, finish."""
+        cache, sched = self.cache, self.scheduler
+        rows, row_seqs = [], []                                  # logits row per sampler
+        row = 0
+        for seq, n, _ in scheduled:
+            c = seq.num_computed
+            cache.append_tokens(seq.seq_id, seq.token_ids[c:c + n])
+            seq.num_computed = c + n
+            sched.release_outside_window(seq)
+            if seq.num_computed < seq.num_tokens:                # a prefill chunk: no sample
+                continue
+            rows.append(row)
+            row_seqs.append(seq)
+            for child in self._fork(seq):                        # n > 1: after the prompt
+                rows.append(row)
+                row_seqs.append(child)
+            row += 1
+        if not row_seqs:
+            return
+        tokens = sample_tokens(logits[rows], [s.request.params for s in row_seqs],
+                               [s.rng for s in row_seqs])        # [S'] int64
+        for seq, tok in zip(row_seqs, tokens.tolist()):
+            seq.token_ids.append(tok)
+            seq.sample.token_ids.append(tok)
+            params = seq.request.params
+            if tok in params.stop_token_ids:
+                self._finish_seq(seq, "stop")
+            elif len(seq.sample.token_ids) >= params.max_tokens:
+                self._finish_seq(seq, "length")
+        self._stats["generated_tokens"] += len(row_seqs)
+
+    def _fork(self, seq: Seq) -> list[Seq]:
+        """After the prompt of an ``n > 1`` request: n - 1 siblings share its pages."""
+        if not seq.pending_fork:
+            return []
+        req, children = seq.request, []
+        for j in range(1, seq.pending_fork + 1):
+            child = Seq(next(self._seq_ids), req, req.output.samples[j], list(seq.token_ids),
+                        make_rng(req.params.seed, req.index, j),
+                        num_computed=seq.num_computed, status=RUNNING)
+            self.cache.fork(seq.seq_id, child.seq_id)          # copy-on-write later
+            self.scheduler.running.append(child)
+            req.seqs.append(child)
+            children.append(child)
+        seq.pending_fork = 0
+        return children
+
+    # ------------------------------------------------------------ finishing
+    def _finish_seq(self, seq: Seq, reason: str, error: str | None = None) -> None:
+        self.scheduler.remove(seq)
+        seq.sample.finish_reason = reason
+        req = seq.request
+        if error is not None:
+            req.output.error = error
+        if reason == "error" and seq.pending_fork:               # its siblings never started
+            for s in req.output.samples[1:]:
+                s.finish_reason = "error"
+        if req.output.finished:
+            self._finish_request(req, None)
+
+    def _finish_request(self, req: _Request, reason: str | None, error: str | None = None):
+        for s in req.output.samples:
+            if s.finish_reason is None:
+                s.finish_reason = reason
+        if error is not None:
+            req.output.error = error
+        self._requests.pop(req.request_id, None)
+        self._done.append(req.output)
+
+    def _never_fits(self, prompt_len: int) -> str | None:
+        """Why a prompt can never be served, or None."""
+        cfg, window = self.cache.cfg, self.model.cfg.sliding_window
+        if window is None:
+            need = -(-prompt_len // cfg.page_size)
+            what = f"a prompt of {prompt_len} tokens needs {need} pages"
+        else:  # chunked prefill keeps only the window (and one page of slack)
+            need = -(-window // cfg.page_size) + 1
+            what = f"a sliding window of {window} tokens needs {need} pages"
+        if need > cfg.num_pages:
+            return (f"{what} but the cache has num_pages={cfg.num_pages} "
+                    f"(page_size={cfg.page_size}): it can never fit")
+        return None
+
+    # -------------------------------------------------------------- metrics
+    def _record_step(self) -> None:
+        pool, sched, ser = self.cache.pool, self.scheduler, self._series
+        st = self._stats
+        st["peak_pages_in_use"] = max(st["peak_pages_in_use"], pool.num_in_use)
+        ser["step"].append(st["steps"])
+        ser["running"].append(len(sched.running))
+        ser["waiting"].append(len(sched.waiting))
+        ser["num_free"].append(pool.num_free)
+        ser["num_cached"].append(pool.num_cached)
+        ser["num_in_use"].append(pool.num_in_use)
+        ser["num_tokens"].append(st["scheduled_tokens"])
+        ser["preemptions"].append(sched.num_preemptions)
+
+    @property
+    def metrics(self) -> dict:
+        """Counters and timings so far, and the per-step ``series`` (lists, one entry a step)."""
+        st, cs, sched = self._stats, self.cache.stats(), self.scheduler
+        total = st["schedule_s"] + st["model_s"] + st["sample_s"]
+        return {
+            "steps": st["steps"],
+            "generated_tokens": st["generated_tokens"],
+            "scheduled_tokens": st["scheduled_tokens"],
+            "preemptions": sched.num_preemptions,
+            "swapped_out": sched.num_swapped_out,
+            "swapped_in": sched.num_swapped_in,
+            "evictions": cs["evictions"],
+            "cow_copies": cs["cow_copies"],
+            "prefix_hit_rate": cs["hit_rate"],
+            "peak_pages_in_use": st["peak_pages_in_use"],
+            "num_pages": cs["num_pages"],
+            "tokens_per_s": st["generated_tokens"] / total if total else 0.0,
+            "time_s": total,
+            "schedule_s": st["schedule_s"],
+            "model_s": st["model_s"],
+            "sample_s": st["sample_s"],
+            "overhead_fraction": (total - st["model_s"]) / total if total else 0.0,
+            "series": {k: list(v) for k, v in self._series.items()},
+        }

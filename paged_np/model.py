@@ -1,0 +1,269 @@
+"""TinyLlama: a small Llama-style decoder in NumPy, run over a paged KV cache.
+
+The model is the part of a server that the cache exists for. Each layer is
+the Llama recipe::
+
+    h = x + Attention(RMSNorm(x))        # RoPE on q and k, GQA, causal
+    x = h + MLP(RMSNorm(h))              # SwiGLU: down(silu(gate(h)) * up(h))
+    logits = RMSNorm(x) @ lm_head        # only at the tokens that need one
+
+Two ways to run it:
+
+- :meth:`TinyLlama.forward` runs **one engine step**: every scheduled token of
+  every sequence at once, in the *varlen* layout that vLLM and FlashInfer use.
+  The tokens of all sequences are concatenated into one ``[T]`` array and
+  ``query_start_loc`` (int32 ``[B+1]``) says where each sequence's tokens
+  start. All the dense math (projections, RoPE, MLP) is a handful of matmuls
+  over ``[T, ...]`` arrays: sequences only matter to attention, which reads
+  each sequence's history from the cache pages through its block table. Each
+  layer first *writes* this step's K and V into their slots, then attends
+  (so a token sees itself). There is no Python loop over sequences here.
+- :meth:`TinyLlama.dense_generate` is the truth the engine is checked
+  against: greedy decoding that recomputes the whole sequence at every step
+  with dense attention (:mod:`paged_np.attention.reference`) and no cache at
+  all. Slow and obviously right.
+
+Everything computes in float32, and both paths share every function except
+attention, so greedy tokens from the engine equal ``dense_generate`` token
+for token (the weights of :meth:`TinyLlama.random` spread the logits so that
+float32 rounding does not flip an argmax).
+
+Compared with a real Llama: no tokenizer (token ids are the interface), no
+tied embeddings, no rope scaling, no bias terms; a few hundred thousand
+parameters so that tests run in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .attention import paged_attention
+from .attention.reference import dense_attention
+from .config import ModelConfig
+from .errors import DTypeError, InvalidArgument, ShapeError
+from .kv_cache import as_token_ids
+
+# Weight names, their shapes as functions of the config, and whether they are
+# stacked over layers (a leading [num_layers] axis).
+_LAYER_WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
+
+
+def _weight_shapes(cfg: ModelConfig) -> dict:
+    H, L, D = cfg.hidden_size, cfg.num_layers, cfg.head_dim
+    q_dim, kv_dim, inter = cfg.num_heads * D, cfg.num_kv_heads * D, cfg.intermediate_size
+    return {
+        "embed": (cfg.vocab_size, H),
+        "attn_norm": (L, H), "wq": (L, H, q_dim), "wk": (L, H, kv_dim), "wv": (L, H, kv_dim),
+        "wo": (L, q_dim, H),
+        "mlp_norm": (L, H), "w_gate": (L, H, inter), "w_up": (L, H, inter),
+        "w_down": (L, inter, H),
+        "final_norm": (H,), "lm_head": (H, cfg.vocab_size),
+    }
+
+
+@dataclass
+class ForwardBatch:
+    """The inputs of one engine step, varlen layout (``T`` tokens, ``B`` sequences).
+
+    token_ids, positions : int64 ``[T]``: every scheduled token and its position
+    slots : int64 ``[T]``: where each token's K/V goes in the arena
+    query_start_loc : int32 ``[B+1]``: sequence ``b`` owns tokens ``[qsl[b], qsl[b+1])``
+    block_tables : int32 ``[B, max_pages]`` and seq_lens : int32 ``[B]``, from
+        ``cache.batch(seq_ids)`` (seq_lens include this step's tokens)
+    logits_indices : int64 ``[S]``: the tokens whose next-token logits are wanted
+        (the last token of each sequence that will sample)
+    """
+
+    token_ids: np.ndarray
+    positions: np.ndarray
+    slots: np.ndarray
+    query_start_loc: np.ndarray
+    block_tables: np.ndarray
+    seq_lens: np.ndarray
+    logits_indices: np.ndarray
+
+
+class TinyLlama:
+    """A Llama-style decoder with NumPy weights (float32).
+
+    Example
+    -------
+    >>> import paged_np as pnp
+    >>> model = pnp.TinyLlama.random(pnp.ModelConfig(), seed=0)
+    >>> len(model.dense_generate([1, 2, 3], max_tokens=4))
+    4
+    """
+
+    def __init__(self, cfg: ModelConfig, weights: dict):
+        if not isinstance(cfg, ModelConfig):
+            raise DTypeError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        shapes = _weight_shapes(cfg)
+        missing = sorted(set(shapes) - set(weights))
+        if missing:
+            raise InvalidArgument(f"weights: missing {missing}")
+        self.w = {}
+        for name, shape in shapes.items():
+            arr = np.ascontiguousarray(weights[name], dtype=np.float32)
+            if arr.shape != shape:
+                raise ShapeError(f"weights[{name!r}] must have shape {shape}, got {arr.shape}")
+            self.w[name] = arr
+        # RoPE frequencies, one per pair of dims: theta^(-2i/D), i < D/2.
+        half = cfg.head_dim // 2
+        self._inv_freq = cfg.rope_theta ** (-np.arange(half, dtype=np.float64) / half)  # [D/2]
+
+    # ------------------------------------------------------------ weights I/O
+    @classmethod
+    def random(cls, cfg: ModelConfig, seed: int = 0) -> TinyLlama:
+        """Seeded random weights, scaled so activations keep unit size.
+
+        Projections are ``N(0, 1/fan_in)``; the LM head is drawn 4x larger so
+        that the logits are well separated (argmax stable under float32
+        rounding, sampling at temperature 1 not uniform).
+        """
+        if not isinstance(cfg, ModelConfig):
+            raise DTypeError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
+        rng = np.random.default_rng(seed)
+        weights = {}
+        for name, shape in _weight_shapes(cfg).items():
+            if name.endswith("norm"):
+                weights[name] = np.ones(shape, dtype=np.float32)
+                continue
+            fan_in = shape[-2]
+            std = 1.0 if name == "embed" else 1.0 / np.sqrt(fan_in)
+            if name == "lm_head":
+                std *= 4.0
+            weights[name] = (rng.standard_normal(shape) * std).astype(np.float32)
+        return cls(cfg, weights)
+
+    def save(self, path) -> None:
+        """Write the weights and the config to one ``.npz`` file."""
+        np.savez(path, __config__=np.array(json.dumps(asdict(self.cfg))), **self.w)
+
+    @classmethod
+    def load(cls, path) -> TinyLlama:
+        """Read a model written by :meth:`save`."""
+        with np.load(path, allow_pickle=False) as f:
+            cfg = ModelConfig(**json.loads(str(f["__config__"])))
+            weights = {k: f[k] for k in f.files if k != "__config__"}
+        return cls(cfg, weights)
+
+    # ---------------------------------------------------------- shared pieces
+    def embed(self, token_ids: np.ndarray) -> np.ndarray:
+        """int ``[T]`` -> float32 ``[T, hidden]``."""
+        if token_ids.size and int(token_ids.max()) >= self.cfg.vocab_size:
+            raise InvalidArgument(f"token_ids: id {int(token_ids.max())} is outside the "
+                                  f"vocabulary [0, {self.cfg.vocab_size})")
+        return self.w["embed"][token_ids]                        # [T, H]
+
+    def qkv(self, layer: int, x: np.ndarray, positions: np.ndarray):
+        """Normed ``x`` [T, H] -> q [T, Hq, D], k and v [T, Hkv, D], RoPE applied."""
+        cfg, w = self.cfg, self.w
+        T = x.shape[0]
+        h = rms_norm(x, w["attn_norm"][layer], cfg.rms_norm_eps)  # [T, H]
+        q = (h @ w["wq"][layer]).reshape(T, cfg.num_heads, cfg.head_dim)     # [T, Hq, D]
+        k = (h @ w["wk"][layer]).reshape(T, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
+        v = (h @ w["wv"][layer]).reshape(T, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
+        cos, sin = self.rope(positions)                          # [T, D/2] each
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def rope(self, positions: np.ndarray):
+        """cos and sin of each position's angles, float32 ``[T, D/2]``."""
+        angles = positions[:, None].astype(np.float64) * self._inv_freq[None, :]  # [T, D/2]
+        return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+    def finish_layer(self, layer: int, x: np.ndarray, attn: np.ndarray) -> np.ndarray:
+        """Output projection, residual, then the SwiGLU MLP block: [T, H] -> [T, H]."""
+        cfg, w = self.cfg, self.w
+        T = x.shape[0]
+        x = x + attn.reshape(T, -1) @ w["wo"][layer]             # [T, H]
+        h = rms_norm(x, w["mlp_norm"][layer], cfg.rms_norm_eps)  # [T, H]
+        gate = h @ w["w_gate"][layer]                            # [T, I]
+        up = h @ w["w_up"][layer]                                # [T, I]
+        return x + (silu(gate) * up) @ w["w_down"][layer]        # [T, H]
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """Final norm and LM head: [S, H] -> float32 [S, vocab]."""
+        return rms_norm(x, self.w["final_norm"], self.cfg.rms_norm_eps) @ self.w["lm_head"]
+
+    # ----------------------------------------------------------- paged path
+    def forward(self, batch: ForwardBatch, cache, backend: str = "auto") -> np.ndarray:
+        """One engine step over a varlen batch; returns float32 ``[S, vocab]`` logits.
+
+        ``cache`` is the :class:`~paged_np.PagedKVCache` whose slots and block
+        tables ``batch`` refers to; this step's K/V are written into it.
+        """
+        x = self.embed(batch.token_ids)                          # [T, H]
+        window = self.cfg.sliding_window
+        for layer in range(self.cfg.num_layers):
+            q, k, v = self.qkv(layer, x, batch.positions)        # [T, Hq, D], [T, Hkv, D] x2
+            cache.write_kv(layer, batch.slots, k, v)             # scatter into the arena
+            k_pages, v_pages = cache.layer(layer)                # [P, Hkv, page_size, D] views
+            attn = paged_attention(q, k_pages, v_pages, batch.block_tables, batch.seq_lens,
+                                   batch.query_start_loc, sliding_window=window,
+                                   backend=backend)              # [T, Hq, D]
+            x = self.finish_layer(layer, x, attn)                # [T, H]
+        return self.logits(x[batch.logits_indices])              # [S, V]
+
+    # ----------------------------------------------------------- dense truth
+    def dense_logits(self, token_ids) -> np.ndarray:
+        """Logits at every position of one sequence, no cache: float32 ``[L, vocab]``."""
+        ids = np.asarray(as_token_ids(token_ids, "token_ids"), dtype=np.int64)  # [L]
+        positions = np.arange(len(ids))                          # [L]
+        x = self.embed(ids)                                      # [L, H]
+        window = self.cfg.sliding_window or 0
+        for layer in range(self.cfg.num_layers):
+            q, k, v = self.qkv(layer, x, positions)              # [L, Hq, D], [L, Hkv, D] x2
+            attn, _ = dense_attention(q, k, v, sliding_window=window, dtype=np.float32)
+            x = self.finish_layer(layer, x, attn.astype(np.float32))  # [L, H]
+        return self.logits(x)                                    # [L, V]
+
+    def dense_generate(self, prompt_ids, max_tokens: int, stop_token_ids=()) -> list[int]:
+        """Greedy decoding without a cache: recompute everything for each new token.
+
+        Returns the generated ids (prompt excluded); stops after a token in
+        ``stop_token_ids`` (included) or after ``max_tokens`` tokens.
+        """
+        ids = as_token_ids(prompt_ids, "prompt_ids")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)):
+            raise DTypeError(f"max_tokens must be an int, got {type(max_tokens).__name__}")
+        if max_tokens < 1:
+            raise InvalidArgument(f"max_tokens must be >= 1, got {max_tokens}")
+        stops = set(int(t) for t in stop_token_ids)
+        out: list[int] = []
+        while len(out) < max_tokens:
+            tok = int(np.argmax(self.dense_logits(ids + out)[-1]))  # greedy on the last row
+            out.append(tok)
+            if tok in stops:
+                break
+        return out
+
+
+# ---------------------------------------------------------------------------
+# The building blocks (pure functions, float32 in and out).
+# ---------------------------------------------------------------------------
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """``x / rms(x) * weight`` over the last axis: [T, H] -> [T, H]."""
+    ms = np.mean(x * x, axis=-1, keepdims=True)                  # [T, 1] mean square
+    return x * (1.0 / np.sqrt(ms + np.float32(eps))) * weight    # [T, H]
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate pairs ``(x[i], x[i + D/2])`` by each position's angles (Llama's rotate-half).
+
+    x [T, heads, D]; cos, sin [T, D/2]. The dot product of a rotated q at
+    position p and a rotated k at position j depends only on ``p - j``: that
+    is how the model knows where tokens are, and why K can be cached once.
+    """
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]                        # [T, heads, D/2] each
+    c, s = cos[:, None, :], sin[:, None, :]                      # [T, 1, D/2]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)  # [T, heads, D]
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """``x * sigmoid(x)``, the gate of SwiGLU."""
+    return x / (1.0 + np.exp(-x))

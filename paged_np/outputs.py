@@ -1,0 +1,55 @@
+"""What the engine hands back: one :class:`RequestOutput` per request.
+
+Shaped like vLLM's ``RequestOutput`` / ``CompletionOutput``: a request holds
+``n`` samples (``samples[j]``, vLLM's ``outputs[j]``), each with its generated
+token ids and why it stopped. For the common ``n == 1`` case
+``out.token_ids`` and ``out.finish_reason`` read sample 0 directly.
+
+Finish reasons: ``"length"`` (``max_tokens`` reached), ``"stop"`` (a stop
+token, kept in ``token_ids``), ``"abort"`` (:meth:`Engine.abort`),
+``"error"`` (the request could not be served, e.g. its prompt needs more
+pages than the whole cache holds; ``out.error`` says why).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SampleOutput:
+    """One sample of a request (vLLM: ``CompletionOutput``)."""
+
+    index: int
+    token_ids: list = field(default_factory=list)
+    finish_reason: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """A request's state as seen by the caller."""
+
+    request_id: object
+    prompt_token_ids: list
+    samples: list
+    error: str | None = None
+    #: Prompt tokens whose KV came from the prefix cache at first admission.
+    num_cached_prompt_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finished for s in self.samples)
+
+    @property
+    def token_ids(self) -> list:
+        """Generated ids of sample 0 (the whole answer when ``n == 1``)."""
+        return self.samples[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        """Why sample 0 stopped."""
+        return self.samples[0].finish_reason

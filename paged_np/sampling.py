@@ -1,0 +1,139 @@
+"""Sampling: how the next token is chosen from a row of logits.
+
+:class:`SamplingParams` holds vLLM's usual knobs (``temperature``, ``top_k``,
+``top_p``, ``seed``, ``max_tokens``, ``stop_token_ids``, ``n``). The choice
+itself is made by :func:`sample_tokens`:
+
+- ``temperature == 0`` is **greedy**: the argmax, taken for every greedy row
+  of the batch in one vectorised call;
+- otherwise the logits are divided by the temperature, cut to the ``top_k``
+  largest and then to the smallest set whose probability reaches ``top_p``,
+  and one token is drawn from what is left.
+
+Reproducibility. Every sample of every request owns its own
+``np.random.Generator``, seeded from ``(seed, request index, sample index)``,
+and draws exactly **one** uniform number per token it samples (greedy
+samples draw none). So a sample's
+tokens do not depend on which other requests share its batches, nor on
+whether it was preempted and recomputed: recomputing the KV of tokens it has
+already generated samples nothing, and its generator stays where it was.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import DTypeError, InvalidArgument
+
+
+def _int(name, value, low):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise DTypeError(f"SamplingParams.{name} must be an int, got {type(value).__name__}")
+    if value < low:
+        raise InvalidArgument(f"SamplingParams.{name} must be >= {low}, got {value}")
+    return int(value)
+
+
+def _real(name, value):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+            value, (int, float, np.integer, np.floating)):
+        raise DTypeError(f"SamplingParams.{name} must be a real number, got "
+                         f"{type(value).__name__}")
+    if not math.isfinite(value):
+        raise InvalidArgument(f"SamplingParams.{name} must be finite, got {value}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one request (vLLM's names and defaults).
+
+    Parameters
+    ----------
+    max_tokens : int >= 1, tokens to generate at most.
+    temperature : float >= 0; ``0`` means greedy.
+    top_k : int; keep the ``top_k`` most likely tokens (``0`` or ``-1``: all).
+    top_p : float in (0, 1]; keep the smallest set of tokens whose probability
+        sums to at least ``top_p`` (nucleus sampling).
+    seed : int >= 0 or None; with a seed, the request's tokens are reproducible.
+    stop_token_ids : token ids that end a sample (the stop token is kept in
+        its ``token_ids``).
+    n : int >= 1, samples per prompt; they share the prompt's pages (fork).
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple = ()
+    n: int = 1
+
+    def __post_init__(self):
+        set_ = object.__setattr__
+        set_(self, "max_tokens", _int("max_tokens", self.max_tokens, 1))
+        set_(self, "n", _int("n", self.n, 1))
+        set_(self, "top_k", _int("top_k", self.top_k, -1))
+        set_(self, "temperature", _real("temperature", self.temperature))
+        if self.temperature < 0:
+            raise InvalidArgument(
+                f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        set_(self, "top_p", _real("top_p", self.top_p))
+        if not 0 < self.top_p <= 1:
+            raise InvalidArgument(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None:
+            set_(self, "seed", _int("seed", self.seed, 0))
+        try:
+            stops = tuple(self.stop_token_ids)
+        except TypeError:
+            raise DTypeError("SamplingParams.stop_token_ids must be a sequence of ints, got "
+                             f"{type(self.stop_token_ids).__name__}") from None
+        set_(self, "stop_token_ids", tuple(_int("stop_token_ids", t, 0) for t in stops))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def make_rng(seed: int | None, request_index: int, sample_index: int) -> np.random.Generator:
+    """One sample's generator, keyed by (seed, request, sample); unseeded: fresh entropy."""
+    if seed is None:
+        return np.random.default_rng()
+    return np.random.default_rng([seed, request_index, sample_index])
+
+
+def sample_tokens(logits: np.ndarray, params: list, rngs: list) -> np.ndarray:
+    """One token per row: logits float32 [S, V] -> int64 [S].
+
+    ``params[i]`` and ``rngs[i]`` belong to row ``i``. Greedy rows take one
+    vectorised argmax; the others draw one uniform number each.
+    """
+    tokens = np.argmax(logits, axis=-1)                          # [S] greedy for everyone
+    for i, (p, rng) in enumerate(zip(params, rngs)):
+        if not p.greedy:
+            tokens[i] = sample_one(logits[i], p, rng)
+    return tokens
+
+
+def sample_one(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int:
+    """Temperature, top-k, top-p, then one draw: [V] -> a token id."""
+    x = logits.astype(np.float64) / p.temperature                # [V]
+    if 0 < p.top_k < x.shape[0]:
+        kth = np.partition(x, -p.top_k)[-p.top_k]                # the k-th largest value
+        x = np.where(x >= kth, x, -np.inf)                       # [V]
+    probs = np.exp(x - x.max())                                  # [V] unnormalised
+    probs /= probs.sum()
+    if p.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")                # [V] most likely first
+        cum = np.cumsum(probs[order])                            # [V]
+        keep = int(np.searchsorted(cum, p.top_p)) + 1            # smallest set reaching top_p
+        mask = np.zeros_like(probs)
+        mask[order[:keep]] = 1.0
+        probs = probs * mask
+        probs /= probs.sum()
+    u = rng.random()                                             # the one draw of this token
+    cdf = np.cumsum(probs)                                       # [V]
+    return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1))

@@ -1,0 +1,300 @@
+"""The scheduler: which sequences run this step, with how many tokens each.
+
+It follows vLLM v1's scheduler. There are no separate "prefill" and "decode"
+phases: every sequence simply has ``num_computed`` tokens whose KV is in the
+cache out of ``num_tokens`` it knows (prompt + generated), and a step gives it
+``min(num_tokens - num_computed, budget)`` more. A decode is the case where
+that is 1; a long prompt is cut into chunks (chunked prefill). One step mixes
+both, under two budgets: ``max_num_seqs`` running sequences and
+``max_num_batched_tokens`` tokens.
+
+Each step:
+
+1. **Running sequences**, oldest first, get their tokens' slots. When the
+   pool runs out of pages, the *most recently admitted* running sequence is
+   preempted (vLLM's rule: it has the least work to lose), possibly the one
+   asking; then the allocation is retried.
+2. **Waiting sequences** are admitted in order while seats, tokens and pages
+   allow, but not in a step that had to preempt (that would just thrash).
+   Admission starts with ``cache.add_sequence``, whose prefix hit says how
+   many prompt tokens need no computing at all.
+
+Preemption comes in two flavours (``preemption_mode``):
+
+- ``"recompute"``: free the victim's pages and put it back at the *front* of
+  the waiting queue with ``num_computed = 0``. When it returns, its prompt and
+  the tokens it had generated are prefilled again; pages still cached are hit
+  and cost nothing.
+- ``"swap"``: copy the victim's pages into a host-side :class:`SwapArena`,
+  then free them. Before it runs again its KV is copied back (pages still in
+  the cache by prefix hash are not even copied). If the swap arena is full,
+  or the model uses a sliding window, the victim is recomputed instead.
+
+Simplifications compared with vLLM: no priorities, no encoder or LoRA
+budgets, no speculative tokens; a sequence is one sample (``n > 1`` requests
+fork after their prompt, see :mod:`paged_np.engine`).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import OutOfPages
+
+WAITING, RUNNING, SWAPPED, FINISHED = "waiting", "running", "swapped", "finished"
+
+
+@dataclass(eq=False)
+class Seq:
+    """One sequence in the cache: a sample of a request (vLLM v1: a ``Request``)."""
+
+    seq_id: int                   # the cache's id
+    request: object               # the engine's request record
+    sample: object                # its SampleOutput (generated ids, finish reason)
+    token_ids: list               # prompt + generated so far
+    rng: object                   # np.random.Generator of this sample
+    num_computed: int = 0         # tokens whose KV is in the cache
+    status: str = WAITING
+    pending_fork: int = 0         # siblings still to fork off after the prompt (n - 1)
+    num_preemptions: int = 0
+    swap_pages: list | None = field(default=None, repr=False)  # host pages while SWAPPED
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def seats(self) -> int:
+        """Running seats it takes: itself plus the siblings it will fork."""
+        return 1 + self.pending_fork
+
+
+@dataclass
+class SchedulerOutput:
+    """What one step runs: ``(seq, num_new_tokens, slots)`` triples, plus refusals."""
+
+    scheduled: list = field(default_factory=list)
+    failed: list = field(default_factory=list)   # (seq, reason): can never run
+
+
+class SwapArena:
+    """Host memory for preempted sequences' pages (vLLM's CPU swap space).
+
+    Same layout as the cache's arena, ``[num_layers, 2, swap_pages, Hkv,
+    page_size, D]``, with its own free list.
+    """
+
+    def __init__(self, cache, num_pages: int):
+        shape = list(cache.arena.shape)
+        shape[2] = num_pages
+        self.data = np.zeros(shape, dtype=cache.arena.dtype)
+        self.page_size = cache.page_size
+        self._free = list(range(num_pages - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def swap_out(self, cache, seq: Seq) -> list | None:
+        """Copy the pages of ``seq``'s computed tokens to the host; None if no room."""
+        n_pages = -(-seq.num_computed // self.page_size)
+        pages = cache.block_table(seq.seq_id)[:n_pages]             # [n_pages] page ids
+        if n_pages > len(self._free) or (pages < 0).any():
+            return None
+        host = [self._free.pop() for _ in range(n_pages)]
+        self.data[:, :, host] = cache.arena[:, :, pages]            # every layer, K and V
+        return host
+
+    def swap_in(self, cache, seq: Seq, start: int) -> None:
+        """Write positions ``[start, num_computed)`` back (slots from allocate_slots).
+
+        Raises OutOfPages (changing nothing) when the pages are not there.
+        """
+        n = seq.num_computed - start
+        slots = cache.allocate_slots(seq.seq_id, n)                 # [n] int64
+        pos = np.arange(start, seq.num_computed)                    # [n] positions
+        host = np.asarray(seq.swap_pages)[pos // self.page_size]    # [n] host pages
+        off = pos % self.page_size                                  # [n]
+        for layer in range(self.data.shape[0]):
+            k = self.data[layer, 0][host, :, off]                   # [n, Hkv, D]
+            v = self.data[layer, 1][host, :, off]                   # [n, Hkv, D]
+            cache.write_kv(layer, slots, k, v)
+        cache.append_tokens(seq.seq_id, seq.token_ids[start:seq.num_computed])
+
+    def release(self, seq: Seq) -> None:
+        self._free.extend(seq.swap_pages or ())
+        seq.swap_pages = None
+
+
+class Scheduler:
+    """Waiting queue, running list, preemption. See the module docstring."""
+
+    def __init__(self, cache, max_num_seqs: int, max_num_batched_tokens: int,
+                 preemption_mode: str, swap_pages: int, sliding_window: int | None):
+        self.cache = cache
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.preemption_mode = preemption_mode
+        self.window = sliding_window
+        self.swap = SwapArena(cache, swap_pages) if preemption_mode == "swap" else None
+        self._arena_tokens = cache.cfg.num_slots
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []     # in admission order: the last is the next victim
+        self.num_preemptions = 0
+        self.num_swapped_out = 0
+        self.num_swapped_in = 0
+
+    # ------------------------------------------------------------------ step
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        preempted = False
+
+        # 1. Running sequences, oldest first.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed, budget)
+            slots = None
+            while slots is None:
+                if seq.num_computed + n > self._arena_tokens:   # rare: cap to the arena
+                    n = min(n, self._max_new_tokens(seq))
+                if n < 1:
+                    break
+                try:
+                    slots = self.cache.allocate_slots(seq.seq_id, n)
+                except OutOfPages:
+                    if len(self.running) == 1:           # alone: shrink the chunk to fit
+                        n = min(n - 1, self._tokens_that_fit(seq))
+                        continue
+                    victim = self.running.pop()          # the newest, maybe seq itself
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is seq:
+                        break
+            if slots is not None:
+                out.scheduled.append((seq, n, slots))
+                budget -= n
+                i += 1
+            elif i < len(self.running) and self.running[i] is seq:  # alone, nothing fits
+                out.failed.append((seq, self._too_big(seq)))
+                self.remove(seq)                         # its pages are free right now
+            else:                                        # seq preempted itself
+                break
+
+        # 2. Waiting sequences, in order, if this step preempted nobody.
+        seats = sum(s.seats for s in self.running)
+        while self.waiting and budget > 0 and not preempted:
+            seq = self.waiting[0]
+            if seats + seq.seats > self.max_num_seqs:
+                break
+            admitted = self._admit(seq, budget)
+            if admitted is None:
+                if not self.running:                     # nothing will ever free pages
+                    out.failed.append((seq, self._too_big(seq)))
+                    self.remove(seq)
+                    continue
+                break
+            n, slots = admitted
+            self.waiting.popleft()
+            seq.status = RUNNING
+            self.running.append(seq)
+            seats += seq.seats
+            out.scheduled.append((seq, n, slots))
+            budget -= n
+        return out
+
+    # ------------------------------------------------------------- admission
+    def _admit(self, seq: Seq, budget: int):
+        """Put ``seq`` in the cache and give it its first chunk; None (undone) if short."""
+        cache = self.cache
+        swapped = seq.status == SWAPPED
+        known = seq.token_ids[:seq.num_computed] if swapped else seq.token_ids
+        n_hit = cache.add_sequence(seq.seq_id, known)   # prefix pages: no compute
+        if seq.num_preemptions == 0 and seq.sample.index == 0:
+            seq.request.output.num_cached_prompt_tokens = n_hit
+        try:
+            if swapped:
+                if n_hit < seq.num_computed:
+                    self.swap.swap_in(cache, seq, n_hit)
+            else:
+                seq.num_computed = n_hit
+                self.release_outside_window(seq)
+            n = min(seq.num_tokens - seq.num_computed, budget, self._max_new_tokens(seq))
+            if n < 1:
+                raise OutOfPages("no room for a single token")
+            slots = cache.allocate_slots(seq.seq_id, n)
+        except OutOfPages:
+            cache.free(seq.seq_id)                       # undo; the swap copy stays
+            if not swapped:
+                seq.num_computed = 0
+            return None
+        if swapped:
+            self.swap.release(seq)
+            self.num_swapped_in += 1
+        return n, slots
+
+    # ------------------------------------------------------------ preemption
+    def _preempt(self, seq: Seq) -> None:
+        """Take ``seq`` out of the cache and put it at the front of the queue."""
+        self.num_preemptions += 1
+        seq.num_preemptions += 1
+        host = None
+        if self.swap is not None and self.window is None and seq.num_computed > 0:
+            host = self.swap.swap_out(self.cache, seq)
+        self.cache.free(seq.seq_id)
+        if host is not None:
+            seq.swap_pages = host
+            seq.status = SWAPPED
+            self.num_swapped_out += 1
+        else:                                            # recompute from scratch
+            seq.num_computed = 0
+            seq.status = WAITING
+        self.waiting.appendleft(seq)
+
+    def remove(self, seq: Seq) -> None:
+        """Drop a sequence from wherever it is (finished or aborted)."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq.seq_id in self.cache:
+            self.cache.free(seq.seq_id)
+        if seq.swap_pages is not None:
+            self.swap.release(seq)
+        seq.status = FINISHED
+
+    # --------------------------------------------------------- sliding window
+    def release_outside_window(self, seq: Seq) -> None:
+        """Return pages no future query can see (all keys before ``num_computed - W + 1``)."""
+        if self.window is not None and seq.num_computed > self.window:
+            self.cache.release_pages_before(seq.seq_id, seq.num_computed - self.window + 1)
+
+    # ----------------------------------------------------------------- sizes
+    def _released(self, seq: Seq) -> int:
+        """Leading pages of ``seq`` already given back (window): -1 entries."""
+        bt = self.cache.sequence(seq.seq_id).block_table
+        if not bt or bt[0] >= 0:
+            return 0
+        return bisect_left(bt, True, key=lambda p: p >= 0)
+
+    def _max_new_tokens(self, seq: Seq) -> int:
+        """Tokens ``seq`` could add if it had every page of the arena to itself."""
+        total = (self._released(seq) + self.cache.cfg.num_pages) * self.cache.page_size
+        return total - seq.num_computed
+
+    def _tokens_that_fit(self, seq: Seq) -> int:
+        """Tokens ``seq`` can add with its pages plus every free or cached one."""
+        held = len(self.cache.sequence(seq.seq_id).block_table)
+        total = (held + self.cache.pool.num_available) * self.cache.page_size
+        return total - seq.num_computed
+
+    def _too_big(self, seq: Seq) -> str:
+        cfg = self.cache.cfg
+        return (f"sequence of {seq.num_tokens} tokens cannot fit in the cache "
+                f"(num_pages={cfg.num_pages} x page_size={cfg.page_size} = "
+                f"{cfg.num_slots} slots) even with every other request preempted")
