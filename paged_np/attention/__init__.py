@@ -79,7 +79,8 @@ def paged_attention(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc
         Both float32 or both float16 (typically ``cache.layer(i)``); compute is float32.
     block_tables : int array ``[B, max_pages]``
         For sequence ``b`` the first ``ceil(seq_lens[b] / page_size)`` entries are
-        page ids, the rest ignored.
+        page ids, the rest ignored. With a sliding window, entries of pages that
+        lie wholly before every query's window are never read and may be -1.
     seq_lens : int array ``[B]``
         Tokens of each sequence in the cache (this step's included).
     query_start_loc : int array ``[B+1]``, optional
