@@ -10,9 +10,9 @@
 # longest request of a batch to end.
 #
 # ```
-# step:  schedule (tokens per sequence, their slots)  ->  model.forward(batch)  ->  sample
-#            |                                                                      |
-#            +-- out of pages? preempt the newest request (recompute or swap)       +-- finished? free
+# step:  schedule (tokens per sequence, slots)  ->  model.forward(batch)  ->  sample
+#            |                                                              |
+#            +-- out of pages? preempt the newest (recompute or swap)       +-- done? free
 # ```
 #
 # This notebook runs the engine on a tiny Llama-style model with random weights. Its
@@ -99,8 +99,9 @@ def workload(n, seed=0):
     """n requests (arrival step, prompt, max_tokens); the even ones share a system prompt."""
     r = np.random.default_rng(seed)
     system = r.integers(0, 256, 24).tolist()
-    return [(i // 2, (system if i % 2 == 0 else []) + r.integers(0, 256, r.integers(4, 17)).tolist(),
-             int(r.integers(8, 25))) for i in range(n)]
+    user = [r.integers(0, 256, r.integers(4, 17)).tolist() for _ in range(n)]   # 4-16 tokens
+    return [(i // 2, (system if i % 2 == 0 else []) + user[i], int(r.integers(8, 25)))
+            for i in range(n)]
 
 work = workload(N_REQUESTS)
 roomy = pnp.Engine(model, num_pages=64, page_size=8, max_num_seqs=8,
@@ -111,8 +112,8 @@ fig = viz.draw_timeline(roomy.cache.events, 64, roomy.metrics, title="64 pages: 
 # %% [markdown]
 # Top: the arena's pages by state at each step; bottom: requests running and waiting. The
 # blue band rises while requests pile in and falls as they finish. Running never exceeds
-# 8: here the requests queue for the `max_num_seqs` seats, not for pages, and the cache
-# never holds more than about 27 pages in use. Finished requests
+# 8: here the requests queue for the `max_num_seqs` seats, not for pages; at most about
+# half of the 64 pages are ever in use (`peak_pages_in_use` below). Finished requests
 # leave their full pages **cached** (gold): the system prompt's pages among them, which
 # is why every later request that starts with it is served those 24 tokens for free (a
 # prefix hit, notebook 3). The first one computes them; the others hit.
@@ -168,7 +169,8 @@ fig = viz.draw_timeline(eng.cache.events, 20, eng.metrics, title="20 pages, reco
 # %%
 keys = ("steps", "preemptions", "swapped_out", "swapped_in", "scheduled_tokens", "evictions")
 print(f"{'':>18}" + "".join(f"{k:>18}" for k in keys))
-for name, m in (("64 pages", roomy.metrics), *((f"20, {k}", e.metrics) for k, (e, _) in runs.items())):
+rows = [("64 pages", roomy.metrics)] + [(f"20, {k}", e.metrics) for k, (e, _) in runs.items()]
+for name, m in rows:
     print(f"{name:>18}" + "".join(f"{m[k]:>18}" for k in keys))
 rec, swp = runs["recompute"][0].metrics, runs["swap"][0].metrics
 print("tokens computed again by recompute:", rec["scheduled_tokens"] - swp["scheduled_tokens"])
