@@ -283,9 +283,7 @@ for name, b in breakdown.items():
 
 # %%
 from paged_np import simulate_plot
-# Importing simulate_plot selects matplotlib's Agg backend (it is made for scripts);
-# switch back to Jupyter's inline one so the figure shows:
-%matplotlib inline
+
 fig = simulate_plot.plot_breakdown({"memory_breakdown": breakdown})
 
 # %% [markdown]
