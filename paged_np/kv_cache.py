@@ -192,8 +192,8 @@ class PagedKVCache:
                 f"the arena's num_pages={self.cfg.num_pages}"
             )
         # Pages this step writes into that someone else also holds: copy them first.
-        cow = [i for i in range(start // ps, min(len(bt), pages_needed))
-               if self.pool.ref_count(bt[i]) > 1]
+        ref = self.pool._ref  # read-only peek; the pool validated these ids when they came
+        cow = [i for i in range(start // ps, min(len(bt), pages_needed)) if ref[bt[i]] > 1]
         n_new = max(0, pages_needed - len(bt)) + len(cow)
         if n_new > self.pool.num_available:
             raise OutOfPages(
@@ -376,6 +376,10 @@ class PagedKVCache:
 
     # --------------------------------------------------------------- helpers
     def _slots(self, bt: list, start: int, n: int) -> np.ndarray:
+        ps = self.page_size
+        if n <= 8:  # decode: a few tokens, where plain Python beats NumPy's call overhead
+            return np.array([bt[t // ps] * ps + t % ps for t in range(start, start + n)],
+                            dtype=np.int64)
         pos = np.arange(start, start + n, dtype=np.int64)  # [n] token positions
         pages = np.asarray(bt, dtype=np.int64)[pos // self.page_size]  # [n] page ids
         return pages * self.page_size + pos % self.page_size  # [n] slots
@@ -403,6 +407,10 @@ class PagedKVCache:
 
 def as_token_ids(x, name: str, allow_empty: bool = False) -> list:
     """Validate a 1-D sequence of non-negative integer token ids; return a list of ints."""
+    if type(x) is list and x and all(type(t) is int for t in x):  # the engine's fast path
+        if min(x) < 0:
+            raise InvalidArgument(f"{name} holds a negative token id ({min(x)})")
+        return list(x)
     arr = np.asarray(x)
     if arr.ndim != 1:
         raise ShapeError(f"{name} must be 1-D, got shape {arr.shape}")

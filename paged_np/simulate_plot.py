@@ -13,10 +13,10 @@ shown on screen (the Agg backend), so they work in scripts, tests and CI:
 
 from __future__ import annotations
 
-import matplotlib
+from .viz import _pyplot
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+# pyplot without forcing a backend: Jupyter keeps its inline one, scripts get Agg.
+plt = _pyplot()
 
 CATEGORIES = ("token_states", "reservation", "internal_frag", "external_frag")
 LABELS = {"token_states": "token states", "reservation": "reservation",

@@ -47,10 +47,10 @@ def test_slot_maps_to_page_and_offset(dtype):
 
 def test_slots_are_int64_beyond_2_pow_31():
     # Metadata only: a pool this large has no arena behind it.
-    pool = pnp.PagePool(num_pages=2**25, page_size=128)
+    pool = pnp.PagePool(num_pages=2**20, page_size=2**12)
     p = pool.allocate()
     assert pool.ref_count(p) == 1
-    cfg = pnp.CacheConfig(num_pages=2**25, page_size=128, num_kv_heads=1, head_dim=1)
+    cfg = pnp.CacheConfig(num_pages=2**20, page_size=2**12, num_kv_heads=1, head_dim=1)
     assert cfg.num_slots == 2**32 > 2**31
 
 

@@ -1,0 +1,317 @@
+# %% [markdown]
+# # 5. Serving: continuous batching and preemption
+#
+# Notebooks 1 to 4 built the cache and drove it by hand. A server drives it from a loop:
+# requests arrive at any time, each wants its prompt computed and then one token after
+# another, and the pages must be shared among all of them. `pnp.Engine` is that loop.
+# One call to `engine.step()` is **one forward pass of the model over a batch**, and the
+# batch changes at every step: a request joins as soon as there is room and leaves the
+# step it finishes. That is **continuous batching** (Orca, vLLM): nobody waits for the
+# longest request of a batch to end.
+#
+# ```
+# step:  schedule (tokens per sequence, slots)  ->  model.forward(batch)  ->  sample
+#            |                                                              |
+#            +-- out of pages? preempt the newest (recompute or swap)       +-- done? free
+# ```
+#
+# This notebook runs the engine on a tiny Llama-style model with random weights. Its
+# tokens mean nothing, but they are deterministic, so every answer can be checked against
+# `model.dense_generate`, which recomputes the whole sequence at every token with no cache
+# at all. At the end we step back and measure, as the vLLM paper did, how much of the KV
+# memory holds tokens at all under contiguous reservation and under paging.
+
+# %%
+import numpy as np
+import matplotlib.pyplot as plt
+
+import paged_np as pnp
+from paged_np import simulate, viz, workloads
+from paged_np.demo import serve
+
+N_REQUESTS = 24          # size knob: requests in the streams below
+N_SIM = 200              # size knob: requests in the memory-breakdown simulation
+BACKEND = "numpy"        # the NumPy attention kernel: no compile time (notebook 6 is Numba's)
+
+model = pnp.TinyLlama.random(pnp.ModelConfig(), seed=0)
+print(model.cfg)
+
+# %% [markdown]
+# ## What one step runs
+#
+# The scheduler (`paged_np.scheduler`, after vLLM's V1) has no separate "prefill" and
+# "decode" phases. Each sequence knows `num_tokens` tokens (prompt plus generated so far),
+# of which `num_computed` have their KV in the cache; a step gives it up to
+# `num_tokens - num_computed` more. A decode is the case where that is 1; a long prompt is
+# cut into chunks (**chunked prefill**). Two budgets bound a step:
+#
+# - `max_num_batched_tokens`: tokens in the whole step (the cost of the forward pass);
+# - `max_num_seqs`: sequences running at once.
+#
+# Running sequences are served first, oldest first; then waiting ones are admitted in
+# order while the budgets (and the pages) allow. A sequence samples a token in the step
+# that computes the last token it knows.
+#
+# Three prompts of 50, 20 and 10 tokens arrive together; the token budget is 32. Before
+# running it, work out the tokens of each step:
+#
+# | step | A (50) | B (20) | C (10) | total |
+# |---|---|---|---|---|
+# | 1 | 32 (chunk) | waits: no budget left | waits | 32 |
+# | 2 | 18 (prompt done, samples) | 14 (chunk) | waits | 32 |
+# | 3 | 1 (decode) | 6 (prompt done) | 10 (prompt done) | 17 |
+# | 4 | 1 | 1 | 1 | 3 |
+
+# %%
+engine = pnp.Engine(model, num_pages=32, page_size=8, max_num_seqs=8,
+                    max_num_batched_tokens=32, backend=BACKEND)
+rng = np.random.default_rng(0)
+for rid, length in (("A", 50), ("B", 20), ("C", 10)):
+    engine.add_request(rng.integers(0, 256, length).tolist(),
+                       pnp.SamplingParams(max_tokens=4, temperature=0.0), request_id=rid)
+for _ in range(4):
+    engine.step()
+    print(f"step {engine.metrics['steps']}: computed / known =",
+          {s.request.request_id: f"{s.num_computed}/{s.num_tokens}"
+           for s in engine.scheduler.running})
+
+# %%
+tokens_per_step = np.diff(engine.metrics["series"]["num_tokens"], prepend=0)  # [steps]
+by_hand = [32, 18 + 14, 1 + 6 + 10, 1 + 1 + 1]
+print("tokens per step:", tokens_per_step.tolist())
+assert tokens_per_step.tolist() == by_hand
+
+# %% [markdown]
+# Step 3 is the interesting one: one batch holds a decode (A), the end of a chunked prompt
+# (B) and a whole prompt (C). The model does not care: it sees 17 query tokens with their
+# positions, and `paged_attention` takes each sequence's block table and `query_start_loc`
+# to know which keys every query may see.
+#
+# ## A stream of requests
+#
+# Now a stream like a server's: two requests arrive per step, every other one starts with
+# the same 24-token system prompt (three pages of 8), and each asks for 8 to 24 tokens.
+# `paged_np.demo.serve` feeds each request to the engine at its arrival step and steps
+# until everything is done. First a roomy cache of 64 pages.
+
+# %%
+def workload(n, seed=0):
+    """n requests (arrival step, prompt, max_tokens); the even ones share a system prompt."""
+    r = np.random.default_rng(seed)
+    system = r.integers(0, 256, 24).tolist()
+    user = [r.integers(0, 256, r.integers(4, 17)).tolist() for _ in range(n)]   # 4-16 tokens
+    return [(i // 2, (system if i % 2 == 0 else []) + user[i], int(r.integers(8, 25)))
+            for i in range(n)]
+
+work = workload(N_REQUESTS)
+roomy = pnp.Engine(model, num_pages=64, page_size=8, max_num_seqs=8,
+                   max_num_batched_tokens=64, backend=BACKEND, record_events=True)
+outs = serve(roomy, work)
+fig = viz.draw_timeline(roomy.cache.events, 64, roomy.metrics, title="64 pages: no pressure")
+
+# %% [markdown]
+# Top: the arena's pages by state at each step; bottom: requests running and waiting. The
+# blue band rises while requests pile in and falls as they finish. Running never exceeds
+# 8: here the requests queue for the `max_num_seqs` seats, not for pages; at most about
+# half of the 64 pages are ever in use (`peak_pages_in_use` below). Finished requests
+# leave their full pages **cached** (gold): the system prompt's pages among them, which
+# is why every later request that starts with it is served those 24 tokens for free (a
+# prefix hit, notebook 3). The first one computes them; the others hit.
+
+# %%
+hits = [o.num_cached_prompt_tokens for o in outs]
+print("prompt tokens served from the cache:", hits)
+assert hits[0] == 0 and all(h == 24 for h in hits[2::2])
+for o, (_, prompt, max_tokens) in list(zip(outs, work))[:3]:       # the dense truth
+    assert o.token_ids == model.dense_generate(prompt, max_tokens)
+m = roomy.metrics
+print({k: m[k] for k in ("steps", "generated_tokens", "peak_pages_in_use", "prefix_hit_rate")})
+
+# %% [markdown]
+# ## When the pages run out: preemption
+#
+# The same stream in **20 pages** cannot keep everyone. Pages are taken one at a time as
+# sequences grow, so the shortage shows up in the middle of a decode: a running sequence
+# needs a page and there is none, free or cached. The scheduler then **preempts** the
+# running request admitted last (it has done the least work), possibly the very one that
+# asked, and retries. A step that preempted admits nobody new.
+#
+# What happens to the victim's KV is the `preemption_mode`:
+#
+# - `"recompute"`: drop it. The victim goes back to the front of the queue and, when
+#   readmitted, prefills its prompt *and the tokens it had generated* again, in one chunked
+#   prefill. Its full pages went to the cached state when it was freed, so whatever
+#   was not evicted meanwhile is a prefix hit and costs nothing.
+# - `"swap"`: copy its pages to host memory (`SwapArena`, vLLM's CPU swap space), free
+#   them, and copy them back before it runs again. No compute is repeated; the price is
+#   the copies (over PCIe, on a GPU) and the host memory.
+#
+# vLLM's current (V1) scheduler only recomputes: a prefill is fast on a GPU, and a swap's
+# copies compete with the model for the bus. Either way the tokens must not change.
+
+# %%
+runs = {}
+for mode in ("recompute", "swap"):
+    eng = pnp.Engine(model, num_pages=20, page_size=8, max_num_seqs=8,
+                     max_num_batched_tokens=64, preemption_mode=mode, backend=BACKEND,
+                     record_events=True)
+    runs[mode] = (eng, serve(eng, work))
+eng = runs["recompute"][0]
+fig = viz.draw_timeline(eng.cache.events, 20, eng.metrics, title="20 pages, recompute")
+
+# %% [markdown]
+# Now the arena is full most of the time and the queue grows longer than before: fewer
+# than 8 requests fit. The red lines mark preemptions; each one frees a victim's pages,
+# many of them as cached (gold) pages that the next allocations evict (the black marks).
+# The swap run's drawing looks the same (in this run both modes preempt at the same
+# steps); they differ in what a victim costs when it comes back. Compare the counters:
+
+# %%
+keys = ("steps", "preemptions", "swapped_out", "swapped_in", "scheduled_tokens", "evictions")
+print(f"{'':>18}" + "".join(f"{k:>18}" for k in keys))
+rows = [("64 pages", roomy.metrics)] + [(f"20, {k}", e.metrics) for k, (e, _) in runs.items()]
+for name, m in rows:
+    print(f"{name:>18}" + "".join(f"{m[k]:>18}" for k in keys))
+rec, swp = runs["recompute"][0].metrics, runs["swap"][0].metrics
+print("tokens computed again by recompute:", rec["scheduled_tokens"] - swp["scheduled_tokens"])
+assert rec["preemptions"] > 0                   # the small cache did preempt
+for mode, (_, o) in runs.items():               # ... and nobody's answer changed
+    assert [x.token_ids for x in o] == [x.token_ids for x in outs], mode
+
+# %% [markdown]
+# `scheduled_tokens` counts the tokens that went through the model. The roomy run and the
+# swap run compute each token once; recompute pays extra for every preemption (less than
+# the victims' whole length, thanks to the prefix hits on their own cached pages). Every
+# request's tokens are the same in all three runs, and the same as the dense reference
+# checked above: paging, preemption and swapping change *when* work is done, never *what*
+# is computed.
+#
+# ## Exercise: who is preempted, and when?
+#
+# A cache of only **6 pages of 4 tokens**. Three requests are admitted together in the
+# order A, B, C, with prompts of **6, 3 and 6** tokens, and each asks for 8 tokens. Step 1
+# computes all three prompts and samples each one's first token; from step 2 on, every
+# step writes the KV of each sequence's newest token (position `len(prompt)` in step 2,
+# one more each step) and samples the next.
+#
+# Which request is preempted first, and at which step? (Count each sequence's pages after
+# step 1, then find the step at which a sequence's new token starts a page, and whether a
+# free page is left for it.) Set `victim` and `at_step`.
+
+# %%
+# Your answer: after step 1, A holds 2 pages, B 1, C 2: one is free. B's token at
+# position 4 (step 3) takes it. A's at position 8 (step 4) finds none, and the scheduler
+# preempts the newest running request, which is not A:
+victim, at_step = "C", 4
+
+# %%
+# Check
+ex = pnp.Engine(model, num_pages=6, page_size=4, max_num_seqs=8, backend=BACKEND)
+for rid, length in (("A", 6), ("B", 3), ("C", 6)):
+    ex.add_request(rng.integers(0, 256, length).tolist(),
+                   pnp.SamplingParams(max_tokens=8, temperature=0.0), request_id=rid)
+while ex.metrics["preemptions"] == 0:
+    ex.step()
+first = ex.scheduler.waiting[0].request.request_id           # the victim waits at the front
+assert (first, ex.metrics["steps"]) == (victim, at_step), (first, ex.metrics["steps"])
+print(f"right: {victim} is preempted at step {at_step}, although A asked for the page")
+
+# %% [markdown]
+# ## Parallel sampling: n answers, one prompt's pages
+#
+# `SamplingParams(n=4)` asks for four samples of one prompt. The engine computes the prompt
+# once, then **forks** the sequence three times (notebook 4): the full prompt pages are
+# shared, the partly filled last one is copied on the first write (three copies: the last
+# writer keeps the original). Each sample has its own random generator, seeded by
+# `(seed, request, sample)`, so the answers differ from each other and are reproducible.
+
+# %%
+P, G = 37, 12                                              # prompt and max_tokens
+par = pnp.Engine(model, num_pages=64, page_size=8, backend=BACKEND)
+prompt = rng.integers(0, 256, P).tolist()
+out = par.generate([prompt], pnp.SamplingParams(max_tokens=G, temperature=1.0, n=4, seed=1))[0]
+for s in out.samples:
+    print(f"sample {s.index}: {s.token_ids}")
+m = par.metrics
+print("peak pages in use:", m["peak_pages_in_use"], " copy-on-write copies:", m["cow_copies"])
+
+# %% [markdown]
+# Count the peak by hand. A sample's last token is sampled but never written (no query
+# will ever read its KV), and samples that finish give their pages back in that same step,
+# so the most a sample holds is `P + G - 2` written tokens. The `P // 8` full prompt pages
+# are stored once; everything after them is per sample.
+
+# %%
+page = 8
+full_prompt_pages = P // page
+per_sample = -(-(P + G - 2) // page) - full_prompt_pages        # own pages of one sample
+shared = full_prompt_pages + 4 * per_sample
+unshared = 4 * -(-(P + G - 2) // page)                          # four separate requests
+print(f"shared {shared} pages vs {unshared} without sharing")
+assert (m["peak_pages_in_use"], m["cow_copies"]) == (shared, 3)
+
+# %% [markdown]
+# ## The paper's figure: where does KV memory go?
+#
+# Before vLLM, servers such as Orca gave each request one **contiguous** range of KV
+# slots at admission, sized for the longest answer it might give, because it cannot know
+# in advance how long the answer will be. The vLLM paper (Kwon et al., SOSP 2023, Fig. 2)
+# measured where that memory goes, in four parts:
+#
+# - **token states**: slots holding a token's KV: the only useful part;
+# - **reservation**: slots held now for tokens the request will write later;
+# - **internal fragmentation**: held slots that will never be written (the answer ended
+#   before the reservation did);
+# - **external fragmentation & others**: free slots that nobody can use (holes too small
+#   for the next request).
+#
+# `paged_np.simulate` replays a ShareGPT-like trace through the three Orca variants
+# (reserve the model's maximum of 2048 tokens, the next power of two of the true length,
+# or, as an oracle, exactly the true length) and through the real paged cache with pages
+# of 16, with the KV budget of an OPT-13B on an A100 (15,728 token slots). No attention is
+# computed: only the bookkeeping. `N_SIM` is the size knob (the paper's own figure and
+# `python -m paged_np simulate` use more requests).
+
+# %%
+trace = workloads.sample_requests(workloads.DATASETS["sharegpt"], N_SIM, np.random.default_rng(0))
+breakdown = {s: simulate.serve_contiguous(trace, s) for s in simulate.SCHEMES}
+breakdown["paged"] = simulate.serve_paged(trace, page_size=16)
+for name, b in breakdown.items():
+    paper = simulate.PAPER["token_states"].get(name)             # the paper's Fig. 2
+    print(f"{name:>12}: token states {b['token_states']:6.1%}  (paper: "
+          f"{'-' if paper is None else f'{paper:.1%}'})   running requests {b['batch_size']:5.1f}")
+
+# %%
+from paged_np import simulate_plot
+
+fig = simulate_plot.plot_breakdown({"memory_breakdown": breakdown})
+
+# %% [markdown]
+# With the maximum reservation, most of the memory is reserved or wasted, and only a
+# handful of requests fit: 15,728 slots hold `15728 // 2048 = 7` reservations of 2048,
+# whatever the requests' true lengths. Even the oracle, which knows every length in
+# advance, loses memory to reservation (a request holds its whole length from the first
+# token) and to holes between ranges. Paging allocates a page only when a token needs it,
+# so the only waste is the unfilled tail of each request's last page: less than one page
+# per running request. (Our numbers differ from the paper's by a few points: a synthetic
+# trace, a simpler allocator, `N_SIM` requests. The ordering and the size of the gap are
+# the point.) Two of these facts by hand:
+
+# %%
+assert breakdown["orca_max"]["batch_size"] == simulate.KV_SLOTS // 2048
+paged = breakdown["paged"]
+wasted_slots = paged["internal_frag"] * simulate.KV_SLOTS     # per measured step, on average
+assert wasted_slots <= (16 - 1) * paged["batch_size"]
+print(f"paged: {wasted_slots:.0f} slots wasted for {paged['batch_size']:.0f} running requests")
+
+# %% [markdown]
+# More requests running at once is the whole point: a decode step reads every running
+# request's KV anyway, so a bigger batch turns the same memory traffic into more tokens
+# per second. That is where vLLM's throughput gains come from.
+#
+# **Try it:** make the roomy cache smaller (48, 32 pages) and watch the preemptions
+# appear; raise `max_num_batched_tokens` in the first example and see the chunks vanish;
+# set `N_SIM = 1000` for the full simulation.
+#
+# **Next:** notebook 6 makes the attention kernel fast with Numba and asks how fast it can
+# be.
