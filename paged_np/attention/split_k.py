@@ -46,15 +46,37 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b):
 
     Parameters
     ----------
-    out_a, out_b : float arrays ``[T, num_heads, head_dim]``
-    lse_a, lse_b : float arrays ``[T, num_heads]``, natural log; ``-inf`` marks
-        an empty part (its ``out`` is ignored). ``+inf`` and NaN are refused.
+    out_a, out_b : ndarray, float, shape [T, num_heads, head_dim]
+        Each part's normalised attention output.
+    lse_a, lse_b : ndarray, float, shape [T, num_heads]
+        Each part's log-sum-exp of its scaled scores (natural log). ``-inf`` marks
+        an empty part (its ``out`` is ignored, even if NaN). ``+inf`` and NaN are
+        refused.
 
     Returns
     -------
-    ``(out, lse)``: ``[T, num_heads, head_dim]`` and ``[T, num_heads]``, in the
-    common dtype of the inputs (float32 or float64; float16 computes in float32).
-    Where both parts are empty, ``out`` is 0 and ``lse`` is ``-inf``.
+    out : ndarray, shape [T, num_heads, head_dim]
+        Attention over the union of the two key sets.
+    lse : ndarray, shape [T, num_heads]
+        Its log-sum-exp. Both are in the common dtype of the inputs (float32 or
+        float64; float16 computes in float32). Where both parts are empty, ``out``
+        is 0 and ``lse`` is ``-inf``.
+
+    Example
+    -------
+    Attention over keys 0-3 equals the merge of attention over keys 0-1 and 2-3:
+
+    >>> import numpy as np, paged_np as pnp
+    >>> from paged_np.attention.reference import dense_attention
+    >>> rng = np.random.default_rng(0)
+    >>> q = rng.standard_normal((1, 2, 8))                       # the last of 4 tokens
+    >>> k, v = rng.standard_normal((2, 4, 2, 8))
+    >>> full, _ = dense_attention(q, k, v)
+    >>> out_a, lse_a = dense_attention(q, k[:2], v[:2], dtype=np.float64)
+    >>> out_b, lse_b = dense_attention(q, k[2:], v[2:], dtype=np.float64)
+    >>> out, lse = pnp.merge_attention_states(out_a, lse_a, out_b, lse_b)
+    >>> bool(np.allclose(out, full))
+    True
     """
     arrays = {"out_a": out_a, "lse_a": lse_a, "out_b": out_b, "lse_b": lse_b}
     for name, x in arrays.items():
