@@ -137,6 +137,36 @@ def test_fault_at_each_layer_of_one_step(model, workload, layer_call, monkeypatc
     assert_nothing_held(engine)
 
 
+def test_generate_serves_requests_queued_before_it(model, workload):
+    """generate() returns its own outputs; an earlier add_request's comes from step()."""
+    ps, want = workload
+    engine = make_engine(model, num_pages=64)
+    early = engine.add_request(ps[0], GREEDY, request_index=0)
+    outs = engine.generate(ps[1:3], GREEDY)
+    assert [o.token_ids for o in outs] == [model.dense_generate(p, 8) for p in ps[1:3]]
+    later = []
+    while engine.has_unfinished_requests():
+        later += engine.step()
+    assert [o.request_id for o in later] == [early] and later[0].token_ids == want[0]
+    assert_nothing_held(engine)
+
+
+def test_generate_interrupted_by_a_fault_loses_no_output(model, workload, monkeypatch):
+    """A step raising inside generate(): every request's output still comes back once."""
+    ps, want = workload
+    engine = make_engine(model)
+    inject(monkeypatch, engine, "paged_attention (after a layer's write_kv)", at={60})
+    with pytest.raises(InjectedFault):
+        engine.generate(ps, GREEDY)
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    by_id = {o.request_id: o for o in outs}
+    assert len(by_id) == len(outs) == len(ps)                    # each exactly once
+    assert [by_id[f"req-{i}"].token_ids for i in range(len(ps))] == want
+    assert_nothing_held(engine)
+
+
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_abort_right_after_a_failed_step_frees_everything(model, workload, mode, monkeypatch):
     """A failed step leaves slots allocated but unwritten; abort still frees them."""
