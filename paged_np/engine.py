@@ -132,16 +132,7 @@ class Engine:
         A prompt that can never fit in the cache is not refused here: the
         request finishes at the next step with ``finish_reason == "error"``.
         """
-        prompt = as_token_ids(prompt, "prompt")
-        params = SamplingParams() if params is None else params
-        if not isinstance(params, SamplingParams):
-            raise DTypeError(f"params must be a SamplingParams, got {type(params).__name__}")
-        if max(prompt) >= self.model.cfg.vocab_size:
-            raise InvalidArgument(f"prompt: token id {max(prompt)} is outside the vocabulary "
-                                  f"[0, {self.model.cfg.vocab_size})")
-        if params.n > self.max_num_seqs:
-            raise InvalidArgument(f"SamplingParams.n={params.n} exceeds the engine's "
-                                  f"max_num_seqs={self.max_num_seqs}")
+        prompt, params = self._check_request(prompt, params)
         if request_id is None:
             request_id = f"req-{self._num_requests}"
         if request_id in self._requests:
@@ -162,6 +153,20 @@ class Engine:
         self.scheduler.waiting.append(seq)
         return request_id
 
+    def _check_request(self, prompt, params):
+        """``(prompt, params)`` validated (a list of ints, a SamplingParams)."""
+        prompt = as_token_ids(prompt, "prompt")
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise DTypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if max(prompt) >= self.model.cfg.vocab_size:
+            raise InvalidArgument(f"prompt: token id {max(prompt)} is outside the vocabulary "
+                                  f"[0, {self.model.cfg.vocab_size})")
+        if params.n > self.max_num_seqs:
+            raise InvalidArgument(f"SamplingParams.n={params.n} exceeds the engine's "
+                                  f"max_num_seqs={self.max_num_seqs}")
+        return prompt, params
+
     def abort(self, request_id) -> None:
         """Stop a request now; its pages go back to the pool."""
         req = self._requests.get(request_id)
@@ -179,6 +184,9 @@ class Engine:
 
         ``params`` is one SamplingParams for all or a list, one per prompt.
         ``progress``, if given, is called with each finished RequestOutput.
+        Requests queued earlier with :meth:`add_request` are served too; their
+        outputs (and, if a step raises, the ones finished so far) are handed
+        back by the next :meth:`step`, never dropped.
         """
         prompts = list(prompts)
         if params is None or isinstance(params, SamplingParams):
@@ -186,14 +194,25 @@ class Engine:
         if len(params) != len(prompts):
             raise InvalidArgument(f"params: {len(params)} SamplingParams for "
                                   f"{len(prompts)} prompts")
+        for p, sp in zip(prompts, params):      # check them all first: a refused call
+            self._check_request(p, sp)          # must not leave half the prompts queued
         ids = [self.add_request(p, sp, request_index=i)
                for i, (p, sp) in enumerate(zip(prompts, params))]
-        results = {}
-        while len(results) < len(ids):
-            for out in self.step():
-                results[out.request_id] = out
-                if progress is not None:
-                    progress(out)
+        mine, results, others = set(ids), {}, []
+        try:
+            while len(results) < len(ids):
+                for out in self.step():
+                    if out.request_id not in mine:
+                        others.append(out)
+                        continue
+                    results[out.request_id] = out
+                    if progress is not None:
+                        progress(out)
+        except BaseException:
+            others.extend(results.values())
+            raise
+        finally:
+            self._done.extend(others)             # the next step() returns them
         return [results[i] for i in ids]
 
     # ---------------------------------------------------------------- step

@@ -158,6 +158,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if seq.num_computed == seq.num_tokens:       # a failed step: see _recompute_last
+                self._recompute_last(self.running.pop(i))
+                continue
             n = min(seq.num_tokens - seq.num_computed, budget)
             slots = None
             while slots is None:
@@ -228,10 +231,12 @@ class Scheduler:
             if n < 1:
                 raise OutOfPages("no room for a single token")
             slots = cache.allocate_slots(seq.seq_id, n)
-        except OutOfPages:
+        except BaseException as e:                       # OutOfPages, or a fault mid-swap-in
             cache.free(seq.seq_id)                       # undo; the swap copy stays
             if not swapped:
                 seq.num_computed = 0
+            if not isinstance(e, OutOfPages):
+                raise                                    # nothing is left half-admitted
             return None
         if swapped:
             self.swap.release(seq)
@@ -254,6 +259,20 @@ class Scheduler:
         else:                                            # recompute from scratch
             seq.num_computed = 0
             seq.status = WAITING
+        self.waiting.appendleft(seq)
+
+    def _recompute_last(self, seq: Seq) -> None:
+        """Requeue a running sequence whose KV is all written but whose next token was
+        never sampled: a step raised after ``append_tokens`` (while sampling, say).
+
+        Its last token's logits are gone, so it is recomputed like a preempted
+        sequence; its full pages are still cached, so only the last page's
+        tokens are computed again.
+        """
+        self.cache.free(seq.seq_id)
+        seq.num_computed = 0
+        seq.num_preemptions += 1                         # keeps its first prefix-hit count
+        seq.status = WAITING
         self.waiting.appendleft(seq)
 
     def remove(self, seq: Seq) -> None:
