@@ -45,13 +45,14 @@ from .numba_kernels import (
     LN2,
     LOG2E,
     accumulate_pv,
-    exp2,
     mask_scores,
     online_softmax,
-    tile_f32,
+    prefetch_tile,
     tile_scores,
 )
 
+#: Keys per softmax block (rounded to whole pages): long enough for vector loops.
+BLOCK_KEYS = 128
 #: Query rows per prefill item (q_tile * G); decode items have G rows.
 PREFILL_ROWS = 64
 #: Split-K is used when there are fewer items than this many per thread.
@@ -110,85 +111,119 @@ def _plan(seq_lens, query_start_loc, page_size, num_kv_heads, q_tile, num_splits
     return dealt
 
 
-@njit(**JIT_PARALLEL_OPTIONS)
-def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
-                  window, part_acc, part_m, part_l):
-    """Run every planned item; each leaves its unnormalised softmax state.
+@njit(**JIT_OPTIONS)
+def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh, klo, khi, window,
+                 out, lse, qt, row_pos, s, m, l, acc):
+    """One work item: ``nq`` queries x ``G`` heads against keys ``[klo, khi)``.
 
-    ``q2``: queries already multiplied by ``scale * log2(e)`` ``[T, H, D]``.
-    Writes ``part_acc [S, T, H, D]``, ``part_m``, ``part_l [S, T, H]``.
+    Writes the normalised output ``out[q0:q0+nq, kvh*G:(kvh+1)*G]`` and its
+    log-sum-exp (natural log; :data:`EMPTY` for a row that saw no key).
+    The rest are per-thread scratch arrays, sized for the largest item.
     """
     H, D = q2.shape[1], q2.shape[2]
-    page_size = k_pages.shape[2]
-    G = H // k_pages.shape[1]  # query heads per kv head
-    for w in prange(items.shape[0]):
-        it = items[w]
-        b, q0, nq, kvh = it[_B], it[_Q0], it[_NQ], it[_KVH]
-        klo, khi, split = it[_KLO], it[_KHI], it[_SPLIT]
-        if nq == 0:
-            continue
-        R = nq * G  # rows: (query i, head g) -> r = i * G + g
-        n_q = query_start_loc[b + 1] - query_start_loc[b]
-        first_pos = seq_lens[b] - n_q + (q0 - query_start_loc[b])
-        qt = np.empty((R, D), np.float32)  # [R, D]
-        row_pos = np.empty(R, np.int64)  # [R] each row's query position
-        for i in range(nq):
-            for g in range(G):
-                qt[i * G + g] = q2[q0 + i, kvh * G + g]
-                row_pos[i * G + g] = first_pos + i
-        s = np.empty((R, page_size), np.float32)  # scores, then weights
-        m = np.full(R, EMPTY, np.float32)  # running max (log2 units)
-        l = np.zeros(R, np.float32)  # running sum of weights
-        acc = np.zeros((R, D), np.float32)  # running sum of weight * v
-        kbuf = np.empty((page_size, D), np.float32)  # float16 pages widen here
-        vbuf = np.empty((page_size, D), np.float32)
-        last_pos = first_pos + nq - 1
-        for page in range(klo // page_size, (khi - 1) // page_size + 1):
-            pid = block_tables[b, page]
-            key0 = page * page_size  # position of the page's first token
-            nk = min(khi - key0, page_size)  # tokens of this page inside [.., khi)
-            k = tile_f32(k_pages[pid, kvh], kbuf, nk)  # [page_size, D], rows < nk valid
-            v = tile_f32(v_pages[pid, kvh], vbuf, nk)
-            tile_scores(qt, k, s, R, nk)  # s[:R, :nk]
-            # Mask only tiles that some row cannot fully see (causal edge, window).
-            if key0 + nk - 1 > first_pos or (window > 0 and key0 <= last_pos - window):
-                mask_scores(s, row_pos, R, key0, nk, window)
-            online_softmax(s, m, l, acc, R, nk)
-            accumulate_pv(s, v, acc, R, nk)
-        for i in range(nq):
-            for g in range(G):
-                r = i * G + g
-                part_acc[split, q0 + i, kvh * G + g] = acc[r]
-                part_m[split, q0 + i, kvh * G + g] = m[r]
-                part_l[split, q0 + i, kvh * G + g] = l[r]
+    P = k_pages.shape[2]
+    G = H // k_pages.shape[1]
+    KB = s.shape[1]  # keys per block: a whole number of pages
+    R = nq * G  # rows: (query i, head g) -> r = i * G + g
+    R4 = (R + 3) // 4 * 4  # the helpers take rows in fours: pad with zero queries
+    last_pos = first_pos + nq - 1
+    for i in range(nq):
+        for g in range(G):
+            qt[i * G + g] = q2[q0 + i, kvh * G + g]  # [D]
+            row_pos[i * G + g] = first_pos + i
+    qt[R:R4] = 0.0
+    row_pos[R:R4] = last_pos
+    m[:R4] = EMPTY  # running max (log2 units)
+    l[:R4] = 0.0  # running sum of weights
+    acc[:R4] = 0.0  # running sum of weight * v   [R4, D]
+    page_lo, page_hi = klo // P, (khi - 1) // P + 1
+    for blk in range(page_lo, page_hi, KB // P):
+        blk_hi = min(blk + KB // P, page_hi)
+        key0 = blk * P  # position of the block's first key
+        n = min(khi, blk_hi * P) - key0  # keys of the block (those < klo get masked)
+        for j in range(blk, blk_hi):  # V is read after K: ask for it now
+            prefetch_tile(v_pages, bt_row[j], kvh)
+        for j in range(blk, blk_hi):  # scores of every page: s[:R4, :n]
+            c = (j - blk) * P
+            tile_scores(qt, k_pages, bt_row[j], kvh, s, R4, c, min(n - c, P))
+        # Mask only blocks that some row cannot fully see (causal edge, window).
+        if key0 + n - 1 > first_pos or (window > 0 and key0 <= last_pos - window):
+            mask_scores(s, row_pos, R4, key0, n, window)
+        online_softmax(s, m, l, acc, R4, n)
+        for j in range(blk_hi, min(blk_hi + KB // P, page_hi)):  # next block's K
+            prefetch_tile(k_pages, bt_row[j], kvh)
+        for j in range(blk, blk_hi):  # acc[:R4] += p[:R4, :n] @ V
+            c = (j - blk) * P
+            accumulate_pv(s, v_pages, bt_row[j], kvh, acc, R4, c, min(n - c, P))
+    for i in range(nq):
+        for g in range(G):
+            r = i * G + g
+            inv = np.float32(1.0) / l[r] if l[r] > 0 else np.float32(0.0)
+            for d in range(D):
+                out[q0 + i, kvh * G + g, d] = acc[r, d] * inv
+            lse[q0 + i, kvh * G + g] = (m[r] + np.log2(l[r])) * LN2 if l[r] > 0 else EMPTY
 
 
 @njit(**JIT_PARALLEL_OPTIONS)
-def _merge_splits(part_acc, part_m, part_l, out, lse):
-    """Combine the split states of every (token, head): ``out = acc / sum``.
+def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
+                  num_threads, max_rows, window, part_out, part_lse):
+    """Run every planned item: one ``prange`` iteration per thread.
 
-    With maxima ``m_s`` and ``M = max_s m_s``, part ``s`` is weighted by
-    ``2**(m_s - M)``; ``lse = (M + log2(sum)) * ln 2`` turns log2 units back
-    into natural log.
+    ``q2``: queries already multiplied by ``scale * log2(e)`` ``[T, H, D]``.
+    ``items`` holds one contiguous block of rows per thread (see :func:`_plan`),
+    so each thread allocates its scratch once and reuses it for all its items.
+    Writes ``part_out [S, T, H, D]`` and ``part_lse [S, T, H]``, one slice per
+    split part (``S = 1``: the final answer).
     """
-    S, T, H, D = part_acc.shape
-    for th in prange(T * H):
-        t, h = th // H, th % H
-        M = EMPTY
-        for s in range(S):
-            M = max(M, part_m[s, t, h])
-        total = np.float32(0.0)
-        for s in range(S):
-            total += part_l[s, t, h] * exp2(part_m[s, t, h] - M)
-        inv = np.float32(1.0) / total if total > 0 else np.float32(0.0)
-        o = out[t, h]  # [D]
-        o[:] = 0.0
-        for s in range(S):
-            wgt = exp2(part_m[s, t, h] - M) * inv
-            a = part_acc[s, t, h]
-            for d in range(D):
-                o[d] += wgt * a[d]
-        lse[t, h] = (M + np.log2(total)) * LN2 if total > 0 else EMPTY
+    D = q2.shape[2]
+    P = k_pages.shape[2]
+    KB = max(1, BLOCK_KEYS // P) * P  # keys per block
+    R4 = (max_rows + 3) // 4 * 4
+    per_thread = items.shape[0] // num_threads
+    for th in prange(num_threads):
+        qt = np.empty((R4, D), np.float32)  # queries of the item   [R4, D]
+        row_pos = np.empty(R4, np.int64)  # each row's query position
+        s = np.empty((R4, KB), np.float32)  # scores, then weights  [R4, KB]
+        m = np.empty(R4, np.float32)
+        l = np.empty(R4, np.float32)
+        acc = np.empty((R4, D), np.float32)
+        for w in range(th * per_thread, (th + 1) * per_thread):
+            it = items[w]
+            b, q0, nq = it[_B], it[_Q0], it[_NQ]
+            if nq == 0:  # padding
+                continue
+            n_q = query_start_loc[b + 1] - query_start_loc[b]
+            first_pos = seq_lens[b] - n_q + (q0 - query_start_loc[b])
+            _attend_item(q2, k_pages, v_pages, block_tables[b], first_pos, q0, nq, it[_KVH],
+                         it[_KLO], it[_KHI], window, part_out[it[_SPLIT]],
+                         part_lse[it[_SPLIT]], qt, row_pos, s, m, l, acc)
+
+
+@njit(**JIT_OPTIONS)
+def _merge_splits(part_out, part_lse, out, lse):
+    """Combine the split parts of every (token, head), exactly.
+
+    Part ``s`` weighs ``exp(lse_s - M) / sum`` with ``M = max_s lse_s``; an
+    empty part has ``lse = EMPTY`` and weight 0. Serial: split-K only runs
+    when there are few tokens.
+    """
+    S, T, H, D = part_out.shape
+    for t in range(T):
+        for h in range(H):
+            M = EMPTY
+            for s in range(S):
+                M = max(M, part_lse[s, t, h])
+            total = np.float32(0.0)
+            for s in range(S):
+                total += np.exp(part_lse[s, t, h] - M)
+            o = out[t, h]  # [D]
+            o[:] = 0.0
+            for s in range(S):
+                wgt = np.exp(part_lse[s, t, h] - M) / total
+                a = part_out[s, t, h]
+                for d in range(D):
+                    o[d] += wgt * a[d]
+            lse[t, h] = M + np.log(total)
 
 
 def choose_num_splits(n_items: int, max_pages: int, num_threads: int) -> int:
@@ -231,10 +266,13 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     items = _plan(seq_lens, qsl, page_size, num_kv_heads, int(q_tile), int(num_splits),
                   window, threads)
     q2 = np.multiply(q, np.float32(scale) * LOG2E, dtype=np.float32)  # log2 units
-    part_acc = np.zeros((num_splits, T, H, D), np.float32)
-    part_m = np.full((num_splits, T, H), EMPTY, np.float32)
-    part_l = np.zeros((num_splits, T, H), np.float32)
-    _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, qsl, items, window,
-                  part_acc, part_m, part_l)
-    _merge_splits(part_acc, part_m, part_l, out, lse)
+    if num_splits == 1:  # the items write the answer directly
+        part_out, part_lse = out[None], lse[None]
+    else:
+        part_out = np.zeros((num_splits, T, H, D), np.float32)
+        part_lse = np.full((num_splits, T, H), EMPTY, np.float32)
+    _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, qsl, items, threads,
+                  int(q_tile) * G, window, part_out, part_lse)
+    if num_splits > 1:
+        _merge_splits(part_out, part_lse, out, lse)
     return out, (lse if return_lse else None)
