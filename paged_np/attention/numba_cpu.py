@@ -50,9 +50,12 @@ from .numba_kernels import (
     prefetch_tile,
     tile_scores,
 )
+from .numba_prefill import attend_sequence
 
 #: Keys per softmax block (rounded to whole pages): long enough for vector loops.
 BLOCK_KEYS = 128
+#: A sequence with this many queries (a long prefill chunk) goes to BLAS.
+BLAS_MIN_QUERIES = 128
 #: Query rows per prefill item (q_tile * G); decode items have G rows.
 PREFILL_ROWS = 64
 #: Split-K is used when there are fewer items than this many per thread.
@@ -65,8 +68,8 @@ _B, _Q0, _NQ, _KVH, _KLO, _KHI, _SPLIT = range(7)
 
 
 @njit(**JIT_OPTIONS)
-def _plan(seq_lens, query_start_loc, page_size, num_kv_heads, q_tile, num_splits, window,
-          num_threads):
+def _plan(seq_lens, query_start_loc, in_kernel, page_size, num_kv_heads, q_tile, num_splits,
+          window, num_threads):
     """Work items, ordered so that ``prange``'s contiguous blocks balance.
 
     Returns int64 ``[n_items, 7]``: sequence, first query token, number of
@@ -76,12 +79,14 @@ def _plan(seq_lens, query_start_loc, page_size, num_kv_heads, q_tile, num_splits
     B = seq_lens.shape[0]
     n_tiles = 0
     for b in range(B):
-        n_q = query_start_loc[b + 1] - query_start_loc[b]
+        n_q = query_start_loc[b + 1] - query_start_loc[b] if in_kernel[b] else 0
         n_tiles += (n_q + q_tile - 1) // q_tile
     items = np.zeros((n_tiles * num_kv_heads * num_splits, 7), np.int64)
     cost = np.zeros(items.shape[0], np.float64)
     n = 0
     for b in range(B):
+        if not in_kernel[b]:  # a long prefill chunk: numba_prefill does it
+            continue
         n_q = query_start_loc[b + 1] - query_start_loc[b]
         for i0 in range(0, n_q, q_tile):
             nq = min(q_tile, n_q - i0)
@@ -137,22 +142,24 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh, klo, khi,
     l[:R4] = 0.0  # running sum of weights
     acc[:R4] = 0.0  # running sum of weight * v   [R4, D]
     page_lo, page_hi = klo // P, (khi - 1) // P + 1
-    for blk in range(page_lo, page_hi, KB // P):
-        blk_hi = min(blk + KB // P, page_hi)
+    PB = KB // P  # pages per block
+    for j in range(page_lo, min(page_lo + PB, page_hi)):  # the first block's K
+        prefetch_tile(k_pages, bt_row[j], kvh)
+    for blk in range(page_lo, page_hi, PB):
+        blk_hi = min(blk + PB, page_hi)
         key0 = blk * P  # position of the block's first key
         n = min(khi, blk_hi * P) - key0  # keys of the block (those < klo get masked)
-        for j in range(blk, blk_hi):  # V is read after K: ask for it now
-            prefetch_tile(v_pages, bt_row[j], kvh)
         for j in range(blk, blk_hi):  # scores of every page: s[:R4, :n]
+            prefetch_tile(v_pages, bt_row[j], kvh)  # read after the softmax
             c = (j - blk) * P
             tile_scores(qt, k_pages, bt_row[j], kvh, s, R4, c, min(n - c, P))
         # Mask only blocks that some row cannot fully see (causal edge, window).
         if key0 + n - 1 > first_pos or (window > 0 and key0 <= last_pos - window):
             mask_scores(s, row_pos, R4, key0, n, window)
         online_softmax(s, m, l, acc, R4, n)
-        for j in range(blk_hi, min(blk_hi + KB // P, page_hi)):  # next block's K
-            prefetch_tile(k_pages, bt_row[j], kvh)
         for j in range(blk, blk_hi):  # acc[:R4] += p[:R4, :n] @ V
+            if j + PB < page_hi:  # K of the same page slot, one block ahead
+                prefetch_tile(k_pages, bt_row[j + PB], kvh)
             c = (j - blk) * P
             accumulate_pv(s, v_pages, bt_row[j], kvh, acc, R4, c, min(n - c, P))
     for i in range(nq):
@@ -236,35 +243,53 @@ def choose_num_splits(n_items: int, max_pages: int, num_threads: int) -> int:
 
 
 def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
-            sliding_window, return_lse, *, num_splits=None, q_tile=None):
+            sliding_window, return_lse, *, num_splits=None, q_tile=None,
+            blas_min_queries=BLAS_MIN_QUERIES):
     """Backend entry (validated arguments, see the contract in DESIGN.md).
 
-    ``num_splits`` and ``q_tile`` override the automatic choices (tests use
-    them to force split-K); ``None`` picks them from the shapes and
-    ``numba.get_num_threads()``.
+    Sequences with at least ``blas_min_queries`` queries go to
+    :func:`paged_np.attention.numba_prefill.attend_sequence` (BLAS); the rest
+    to the kernel here. ``num_splits`` and ``q_tile`` override the kernel's
+    automatic choices (tests use them to force split-K); ``None`` picks them
+    from the shapes and ``numba.get_num_threads()``.
     """
     T, H, D = q.shape
-    num_kv_heads, page_size = k_pages.shape[1], k_pages.shape[2]
-    G = H // num_kv_heads
     out = np.zeros((T, H, D), np.float32)
     lse = np.zeros((T, H), np.float32)
     if T == 0:
         return out, (lse if return_lse else None)
-    if k_pages.dtype == np.float16:  # Numba cannot load float16: pass the bits
-        k_pages, v_pages = k_pages.view(np.uint16), v_pages.view(np.uint16)
+    window = int(sliding_window or 0)
     seq_lens = np.ascontiguousarray(seq_lens, np.int64)
     qsl = np.ascontiguousarray(query_start_loc, np.int64)
     n_q = np.diff(qsl)
+    in_kernel = n_q < blas_min_queries
+    if in_kernel.any() and n_q[in_kernel].max() > 0:
+        _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, np.where(
+            in_kernel, n_q, 0), scale, window, num_splits, q_tile, out, lse)
+    for b in np.flatnonzero(~in_kernel):  # long prefill chunks: BLAS
+        attend_sequence(q, k_pages, v_pages, block_tables[b], int(seq_lens[b]), int(qsl[b]),
+                        int(n_q[b]), scale, window, out, lse)
+    return out, (lse if return_lse else None)
+
+
+def _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, n_q, scale, window,
+                    num_splits, q_tile, out, lse):
+    """The Numba kernel on the sequences with ``n_q > 0``; writes their rows of out, lse."""
+    T, H, D = q.shape
+    num_kv_heads, page_size = k_pages.shape[1], k_pages.shape[2]
+    G = H // num_kv_heads
+    in_kernel = n_q > 0
+    if k_pages.dtype == np.float16:  # Numba cannot load float16: pass the bits
+        k_pages, v_pages = k_pages.view(np.uint16), v_pages.view(np.uint16)
     if q_tile is None:  # decode: one query per item; prefill: ~PREFILL_ROWS rows
         q_tile = 1 if n_q.max() <= 1 else max(1, PREFILL_ROWS // G)
     threads = numba.get_num_threads()
     if num_splits is None:
         n_items = int(((n_q + q_tile - 1) // q_tile).sum()) * num_kv_heads
-        max_pages = int(-(-int(seq_lens.max()) // page_size))
+        max_pages = int(-(-int(seq_lens[in_kernel].max()) // page_size))
         num_splits = choose_num_splits(n_items, max_pages, threads)
-    window = int(sliding_window or 0)
-    items = _plan(seq_lens, qsl, page_size, num_kv_heads, int(q_tile), int(num_splits),
-                  window, threads)
+    items = _plan(seq_lens, qsl, in_kernel, page_size, num_kv_heads, int(q_tile),
+                  int(num_splits), window, threads)
     q2 = np.multiply(q, np.float32(scale) * LOG2E, dtype=np.float32)  # log2 units
     if num_splits == 1:  # the items write the answer directly
         part_out, part_lse = out[None], lse[None]
@@ -274,5 +299,4 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, qsl, items, threads,
                   int(q_tile) * G, window, part_out, part_lse)
     if num_splits > 1:
-        _merge_splits(part_out, part_lse, out, lse)
-    return out, (lse if return_lse else None)
+        _merge_splits(part_out, part_lse, out, lse)  # every token: runs first
