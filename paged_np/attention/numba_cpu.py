@@ -20,7 +20,7 @@ arithmetic, but arranged for a 2-core machine whose memory bus is the limit:
    unnormalised state ``(max, sum, acc)``; :func:`_merge_splits` combines them
    exactly with log-sum-exp weights, as ``merge_attention_states`` does.
 4. **Balance.** Causal prefill items differ in cost (late queries see more
-   keys). :func:`_plan` sorts items by cost and deals them round-robin into
+   keys). :func:`plan_items` sorts items by cost and deals them round-robin into
    one contiguous block per thread, because ``prange`` hands each thread a
    contiguous block of iterations.
 
@@ -35,11 +35,13 @@ written so LLVM vectorises them), no FP8, no ALiBi or soft-capping.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from ..config import JIT_OPTIONS, JIT_PARALLEL_OPTIONS
+from ..config import JIT_OPTIONS
 from .numba_kernels import (
     EMPTY,
     LN2,
@@ -47,7 +49,7 @@ from .numba_kernels import (
     accumulate_pv,
     mask_scores,
     online_softmax,
-    prefetch_tile,
+    prefetch_rows,
     tile_scores,
 )
 from .numba_prefill import attend_sequence
@@ -67,52 +69,44 @@ MIN_PAGES_PER_SPLIT = 8
 _B, _Q0, _NQ, _KVH, _KLO, _KHI, _SPLIT = range(7)
 
 
-@njit(**JIT_OPTIONS)
-def _plan(seq_lens, query_start_loc, in_kernel, page_size, num_kv_heads, q_tile, num_splits,
-          window, num_threads):
-    """Work items, ordered so that ``prange``'s contiguous blocks balance.
+def plan_items(seq_lens, query_start_loc, n_q, page_size, num_kv_heads, q_tile, num_splits,
+               window, num_threads):
+    """Work items, ordered so that each thread's contiguous block costs about the same.
 
-    Returns int64 ``[n_items, 7]``: sequence, first query token, number of
-    queries, kv head, keys ``[lo, hi)`` and split index. Rows with 0 queries
-    are padding.
+    Plain NumPy (a few dozen items for a decode step; nothing to compile).
+    ``n_q`` ``[B]``: queries per sequence the kernel handles (0: none).
+    Returns int64 ``[num_threads * per_thread, 7]``: sequence, first query
+    token, number of queries, kv head, keys ``[lo, hi)`` and split part.
+    Rows with 0 queries are padding.
     """
-    B = seq_lens.shape[0]
-    n_tiles = 0
-    for b in range(B):
-        n_q = query_start_loc[b + 1] - query_start_loc[b] if in_kernel[b] else 0
-        n_tiles += (n_q + q_tile - 1) // q_tile
-    items = np.zeros((n_tiles * num_kv_heads * num_splits, 7), np.int64)
-    cost = np.zeros(items.shape[0], np.float64)
-    n = 0
-    for b in range(B):
-        if not in_kernel[b]:  # a long prefill chunk: numba_prefill does it
-            continue
-        n_q = query_start_loc[b + 1] - query_start_loc[b]
-        for i0 in range(0, n_q, q_tile):
-            nq = min(q_tile, n_q - i0)
-            p_first = seq_lens[b] - n_q + i0  # position of the tile's first query
-            lo = max(0, p_first - window + 1) if window > 0 else 0
-            hi = p_first + nq  # one past the last query's position
-            page_lo = lo // page_size
-            n_pages = (hi - 1) // page_size + 1 - page_lo
-            per = (n_pages + num_splits - 1) // num_splits  # pages per split
-            for split in range(num_splits):
-                klo = max(lo, (page_lo + split * per) * page_size)
-                khi = min(hi, (page_lo + (split + 1) * per) * page_size)
-                for kvh in range(num_kv_heads):
-                    row = items[n]
-                    row[_B], row[_Q0] = b, query_start_loc[b] + i0
-                    row[_KVH], row[_SPLIT] = kvh, split
-                    row[_NQ] = nq if khi > klo else 0  # an empty part is padding
-                    row[_KLO], row[_KHI] = klo, khi
-                    cost[n] = nq * max(khi - klo, 0) + 64.0
-                    n += 1
+    n_tiles = -(-n_q // q_tile)  # [B] query tiles per sequence
+    b = np.repeat(np.arange(len(n_q)), n_tiles)  # [tiles] sequence of each tile
+    first_tile = np.repeat(np.cumsum(n_tiles) - n_tiles, n_tiles)
+    i0 = (np.arange(len(b)) - first_tile) * q_tile  # [tiles] first query, within the sequence
+    nq = np.minimum(q_tile, n_q[b] - i0)
+    p_first = seq_lens[b] - n_q[b] + i0  # position of the tile's first query
+    lo = np.maximum(0, p_first - window + 1) if window > 0 else np.zeros_like(p_first)
+    hi = p_first + nq  # one past the last query's position
+    page_lo = lo // page_size
+    per = -(-((hi - 1) // page_size + 1 - page_lo) // num_splits)  # [tiles] pages per part
+    # Every (tile, split part, kv head): [tiles, S, Hkv] grids, flattened to items.
+    split = np.arange(num_splits)[None, :, None]
+    klo = np.maximum(lo[:, None, None], (page_lo[:, None, None] + split * per[:, None, None])
+                     * page_size)
+    khi = np.minimum(hi[:, None, None], (page_lo[:, None, None] + (split + 1)
+                                         * per[:, None, None]) * page_size)
+    shape = (len(b), num_splits, num_kv_heads)
+    cols = [b[:, None, None], query_start_loc[b][:, None, None] + i0[:, None, None],
+            np.where(khi > klo, nq[:, None, None], 0),  # an empty part is padding
+            np.arange(num_kv_heads)[None, None, :], klo, khi, split]
+    items = np.stack([np.broadcast_to(c, shape).ravel() for c in cols], axis=1)  # [n, 7]
     # Deal the items, most expensive first, round-robin into one block per thread.
-    order = np.argsort(-cost)
-    per_thread = (n + num_threads - 1) // num_threads
+    cost = items[:, _NQ] * np.maximum(items[:, _KHI] - items[:, _KLO], 0) + 64
+    order = np.argsort(-cost, kind="stable")
+    per_thread = -(-len(items) // num_threads)
     dealt = np.zeros((per_thread * num_threads, 7), np.int64)  # padding: 0 queries
-    for j in range(n):
-        dealt[(j % num_threads) * per_thread + j // num_threads] = items[order[j]]
+    j = np.arange(len(items))
+    dealt[(j % num_threads) * per_thread + j // num_threads] = items[order]
     return dealt
 
 
@@ -132,36 +126,38 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh, klo, khi,
     R = nq * G  # rows: (query i, head g) -> r = i * G + g
     R4 = (R + 3) // 4 * 4  # the helpers take rows in fours: pad with zero queries
     last_pos = first_pos + nq - 1
-    for i in range(nq):
-        for g in range(G):
-            qt[i * G + g] = q2[q0 + i, kvh * G + g]  # [D]
-            row_pos[i * G + g] = first_pos + i
-    qt[R:R4] = 0.0
-    row_pos[R:R4] = last_pos
-    m[:R4] = EMPTY  # running max (log2 units)
-    l[:R4] = 0.0  # running sum of weights
-    acc[:R4] = 0.0  # running sum of weight * v   [R4, D]
+    # Plain loops, not slice assignments: each slice-assignment variant costs
+    # Numba about a second of compile time (measured), and these are tiny.
+    for r in range(R4):
+        i = min(r // G, nq - 1)  # padding rows: zero queries at the last position
+        row_pos[r] = first_pos + i
+        m[r] = EMPTY  # running max (log2 units)
+        l[r] = 0.0  # running sum of weights
+        for d in range(D):
+            qt[r, d] = q2[q0 + i, kvh * G + r % G, d] if r < R else 0.0  # [R4, D]
+            acc[r, d] = 0.0  # running sum of weight * v   [R4, D]
     page_lo, page_hi = klo // P, (khi - 1) // P + 1
     PB = KB // P  # pages per block
     for j in range(page_lo, min(page_lo + PB, page_hi)):  # the first block's K
-        prefetch_tile(k_pages, bt_row[j], kvh)
+        prefetch_rows(k_pages, bt_row[j], kvh, 0, P)
     for blk in range(page_lo, page_hi, PB):
         blk_hi = min(blk + PB, page_hi)
         key0 = blk * P  # position of the block's first key
         n = min(khi, blk_hi * P) - key0  # keys of the block (those < klo get masked)
         for j in range(blk, blk_hi):  # scores of every page: s[:R4, :n]
-            prefetch_tile(v_pages, bt_row[j], kvh)  # read after the softmax
             c = (j - blk) * P
-            tile_scores(qt, k_pages, bt_row[j], kvh, s, R4, c, min(n - c, P))
+            # ... while V of the same page, read after the softmax, is prefetched
+            tile_scores(qt, k_pages, bt_row[j], kvh, s, R4, c, min(n - c, P),
+                        v_pages, bt_row[j])
         # Mask only blocks that some row cannot fully see (causal edge, window).
         if key0 + n - 1 > first_pos or (window > 0 and key0 <= last_pos - window):
             mask_scores(s, row_pos, R4, key0, n, window)
         online_softmax(s, m, l, acc, R4, n)
-        for j in range(blk, blk_hi):  # acc[:R4] += p[:R4, :n] @ V
-            if j + PB < page_hi:  # K of the same page slot, one block ahead
-                prefetch_tile(k_pages, bt_row[j + PB], kvh)
+        for j in range(blk, blk_hi):  # acc[:R4] += p[:R4, :n] @ V ...
             c = (j - blk) * P
-            accumulate_pv(s, v_pages, bt_row[j], kvh, acc, R4, c, min(n - c, P))
+            nxt = bt_row[j + PB] if j + PB < page_hi else -1  # ... and K one block ahead
+            accumulate_pv(s, v_pages, bt_row[j], kvh, acc, R4, c, min(n - c, P),
+                          k_pages, nxt)
     for i in range(nq):
         for g in range(G):
             r = i * G + g
@@ -171,14 +167,12 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh, klo, khi,
             lse[q0 + i, kvh * G + g] = (m[r] + np.log2(l[r])) * LN2 if l[r] > 0 else EMPTY
 
 
-@njit(**JIT_PARALLEL_OPTIONS)
-def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
-                  num_threads, max_rows, window, part_out, part_lse):
-    """Run every planned item: one ``prange`` iteration per thread.
+@njit(**JIT_OPTIONS)
+def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items, w0, w1,
+               max_rows, window, part_out, part_lse):
+    """Items ``w0:w1`` of the plan, one after the other, sharing one set of scratch arrays.
 
     ``q2``: queries already multiplied by ``scale * log2(e)`` ``[T, H, D]``.
-    ``items`` holds one contiguous block of rows per thread (see :func:`_plan`),
-    so each thread allocates its scratch once and reuses it for all its items.
     Writes ``part_out [S, T, H, D]`` and ``part_lse [S, T, H]``, one slice per
     split part (``S = 1``: the final answer).
     """
@@ -186,24 +180,56 @@ def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
     P = k_pages.shape[2]
     KB = max(1, BLOCK_KEYS // P) * P  # keys per block
     R4 = (max_rows + 3) // 4 * 4
+    qt = np.empty((R4, D), np.float32)  # queries of the item   [R4, D]
+    row_pos = np.empty(R4, np.int64)  # each row's query position
+    s = np.empty((R4, KB), np.float32)  # scores, then weights  [R4, KB]
+    m = np.empty(R4, np.float32)
+    l = np.empty(R4, np.float32)
+    acc = np.empty((R4, D), np.float32)
+    for w in range(w0, w1):
+        it = items[w]
+        b, q0, nq = it[_B], it[_Q0], it[_NQ]
+        if nq == 0:  # padding
+            continue
+        n_q = query_start_loc[b + 1] - query_start_loc[b]
+        first_pos = seq_lens[b] - n_q + (q0 - query_start_loc[b])
+        _attend_item(q2, k_pages, v_pages, block_tables[b], first_pos, q0, nq, it[_KVH],
+                     it[_KLO], it[_KHI], window, part_out[it[_SPLIT]], part_lse[it[_SPLIT]],
+                     qt, row_pos, s, m, l, acc)
+
+
+def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
+                  num_threads, max_rows, window, part_out, part_lse):
+    """The parallel driver: thread ``th`` runs block ``th`` of the plan.
+
+    ``items`` holds one contiguous block of rows per thread (see
+    :func:`plan_items`). The threads are plain Python threads calling the
+    jitted :func:`_run_items`, which releases the GIL (``nogil``), rather than
+    an ``@njit(parallel=True)`` ``prange`` loop: same speed, but Numba
+    re-optimises the whole kernel inside every ``prange`` function, which
+    measured 3.6 s of extra cold compile per page dtype (15.5 s in all
+    against 8 s).
+    """
     per_thread = items.shape[0] // num_threads
-    for th in prange(num_threads):
-        qt = np.empty((R4, D), np.float32)  # queries of the item   [R4, D]
-        row_pos = np.empty(R4, np.int64)  # each row's query position
-        s = np.empty((R4, KB), np.float32)  # scores, then weights  [R4, KB]
-        m = np.empty(R4, np.float32)
-        l = np.empty(R4, np.float32)
-        acc = np.empty((R4, D), np.float32)
-        for w in range(th * per_thread, (th + 1) * per_thread):
-            it = items[w]
-            b, q0, nq = it[_B], it[_Q0], it[_NQ]
-            if nq == 0:  # padding
-                continue
-            n_q = query_start_loc[b + 1] - query_start_loc[b]
-            first_pos = seq_lens[b] - n_q + (q0 - query_start_loc[b])
-            _attend_item(q2, k_pages, v_pages, block_tables[b], first_pos, q0, nq, it[_KVH],
-                         it[_KLO], it[_KHI], window, part_out[it[_SPLIT]],
-                         part_lse[it[_SPLIT]], qt, row_pos, s, m, l, acc)
+    args = (q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items)
+    tail = (max_rows, window, part_out, part_lse)
+    futures = [_pool(num_threads).submit(_run_items, *args, th * per_thread,
+                                         (th + 1) * per_thread, *tail)
+               for th in range(1, num_threads)]
+    _run_items(*args, 0, per_thread, *tail)  # block 0 in this thread
+    for f in futures:
+        f.result()
+
+
+_POOLS = {}
+
+
+def _pool(num_threads):
+    """A thread pool with ``num_threads - 1`` workers, made once per thread count."""
+    if num_threads not in _POOLS:
+        _POOLS[num_threads] = ThreadPoolExecutor(num_threads - 1,
+                                                 thread_name_prefix="paged_np")
+    return _POOLS[num_threads]
 
 
 @njit(**JIT_OPTIONS)
@@ -278,7 +304,6 @@ def _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, n_q, scale
     T, H, D = q.shape
     num_kv_heads, page_size = k_pages.shape[1], k_pages.shape[2]
     G = H // num_kv_heads
-    in_kernel = n_q > 0
     if k_pages.dtype == np.float16:  # Numba cannot load float16: pass the bits
         k_pages, v_pages = k_pages.view(np.uint16), v_pages.view(np.uint16)
     if q_tile is None:  # decode: one query per item; prefill: ~PREFILL_ROWS rows
@@ -286,10 +311,10 @@ def _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, n_q, scale
     threads = numba.get_num_threads()
     if num_splits is None:
         n_items = int(((n_q + q_tile - 1) // q_tile).sum()) * num_kv_heads
-        max_pages = int(-(-int(seq_lens[in_kernel].max()) // page_size))
+        max_pages = int(-(-int(seq_lens[n_q > 0].max()) // page_size))
         num_splits = choose_num_splits(n_items, max_pages, threads)
-    items = _plan(seq_lens, qsl, in_kernel, page_size, num_kv_heads, int(q_tile),
-                  int(num_splits), window, threads)
+    items = plan_items(seq_lens, qsl, n_q, page_size, num_kv_heads, int(q_tile),
+                       int(num_splits), window, threads)
     q2 = np.multiply(q, np.float32(scale) * LOG2E, dtype=np.float32)  # log2 units
     if num_splits == 1:  # the items write the answer directly
         part_out, part_lse = out[None], lse[None]

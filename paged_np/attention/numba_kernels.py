@@ -145,21 +145,28 @@ def _to_f32_jit(x):
 
 
 @njit(**JIT_OPTIONS)
-def prefetch_tile(pages, pid, kvh):
-    """Prefetch every cache line of the tile ``pages[pid, kvh]`` ``[page_size, head_dim]``.
+def prefetch_rows(pages, pid, kvh, t0, t1):
+    """Prefetch rows ``t0:t1`` of the tile ``pages[pid, kvh]`` (nothing if ``pid < 0``).
 
-    ``pages`` is C-contiguous, so the tile is one run of ``page_size *
-    head_dim`` elements starting at the flat offset ``base``.
+    ``pages`` is C-contiguous, so the rows are one run of elements from the
+    flat offset ``start``: one prefetch per 16 elements, a 64-byte cache line
+    of float32 (float16 pages get each line twice: cheaper than a division).
     """
-    tile = pages.shape[2] * pages.shape[3]  # elements per tile
-    base = (pid * pages.shape[1] + kvh) * tile
-    for i in range(base, base + tile, CACHE_LINE // pages.itemsize):
+    if pid < 0:
+        return
+    D = pages.shape[3]
+    start = ((pid * pages.shape[1] + kvh) * pages.shape[2] + t0) * D
+    for i in range(start, start + (t1 - t0) * D, CACHE_LINE // 4):
         prefetch(pages, i)
 
 
 @njit(**JIT_OPTIONS)
-def tile_scores(qt, kp, pid, kvh, s, n_rows, col0, n_keys):
+def tile_scores(qt, kp, pid, kvh, s, n_rows, col0, n_keys, pf, pf_pid):
     """``s[:n_rows, col0:col0+n_keys] = qt[:n_rows] @ kp[pid, kvh, :n_keys].T``.
+
+    While it reads keys ``t..t+3`` it prefetches rows ``t..t+3`` of the tile
+    ``pf[pf_pid, kvh]`` (the one needed next): a few cache lines at a time,
+    so the loads overlap the arithmetic instead of queueing in one burst.
 
     ``n_rows`` is a multiple of 4. Four rows x four keys per pass: each query
     element loaded feeds four dot products, and so does each key element, so
@@ -169,6 +176,7 @@ def tile_scores(qt, kp, pid, kvh, s, n_rows, col0, n_keys):
     D = qt.shape[1]
     t = 0
     while t + 3 < n_keys:
+        prefetch_rows(pf, pf_pid, kvh, t, t + 4)
         c = col0 + t
         for r in range(0, n_rows, 4):
             x00 = x01 = x02 = x03 = x10 = x11 = x12 = x13 = np.float32(0.0)
@@ -200,6 +208,7 @@ def tile_scores(qt, kp, pid, kvh, s, n_rows, col0, n_keys):
             s[r + 2, c], s[r + 2, c + 1], s[r + 2, c + 2], s[r + 2, c + 3] = x02, x12, x22, x32
             s[r + 3, c], s[r + 3, c + 1], s[r + 3, c + 2], s[r + 3, c + 3] = x03, x13, x23, x33
         t += 4
+    prefetch_rows(pf, pf_pid, kvh, t, n_keys)
     while t < n_keys:  # the last 0-3 keys of the page, one at a time
         c = col0 + t
         for r in range(0, n_rows, 4):
@@ -255,8 +264,10 @@ def online_softmax(s, m, l, acc, n_rows, n_keys):
 
 
 @njit(**JIT_OPTIONS)
-def accumulate_pv(p, vp, pid, kvh, acc, n_rows, col0, n_keys):
+def accumulate_pv(p, vp, pid, kvh, acc, n_rows, col0, n_keys, pf, pf_pid):
     """``acc[:n_rows] += p[:n_rows, col0:col0+n_keys] @ vp[pid, kvh, :n_keys]``.
+
+    Prefetches ``pf[pf_pid, kvh]`` row by row as it goes, like :func:`tile_scores`.
 
     ``n_rows`` is even. Two rows x four keys per pass: each accumulator
     element is loaded and stored once per four keys, each (float16) value
@@ -266,6 +277,7 @@ def accumulate_pv(p, vp, pid, kvh, acc, n_rows, col0, n_keys):
     D = acc.shape[1]
     t = 0
     while t + 3 < n_keys:
+        prefetch_rows(pf, pf_pid, kvh, t, t + 4)
         c = col0 + t
         for r in range(0, n_rows, 2):
             p00, p01, p02, p03 = p[r, c], p[r, c + 1], p[r, c + 2], p[r, c + 3]
@@ -278,6 +290,7 @@ def accumulate_pv(p, vp, pid, kvh, acc, n_rows, col0, n_keys):
                 acc[r, d] += (p00 * v0 + p01 * v1) + (p02 * v2 + p03 * v3)
                 acc[r + 1, d] += (p10 * v0 + p11 * v1) + (p12 * v2 + p13 * v3)
         t += 4
+    prefetch_rows(pf, pf_pid, kvh, t, n_keys)
     while t < n_keys:  # the last 0-3 keys
         c = col0 + t
         for r in range(0, n_rows, 2):
