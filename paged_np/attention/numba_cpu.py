@@ -49,7 +49,6 @@ from .numba_kernels import (
     accumulate_pv,
     mask_scores,
     online_softmax,
-    prefetch_rows,
     tile_scores,
 )
 from .numba_prefill import attend_sequence
@@ -138,26 +137,20 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh, klo, khi,
             acc[r, d] = 0.0  # running sum of weight * v   [R4, D]
     page_lo, page_hi = klo // P, (khi - 1) // P + 1
     PB = KB // P  # pages per block
-    for j in range(page_lo, min(page_lo + PB, page_hi)):  # the first block's K
-        prefetch_rows(k_pages, bt_row[j], kvh, 0, P)
     for blk in range(page_lo, page_hi, PB):
         blk_hi = min(blk + PB, page_hi)
         key0 = blk * P  # position of the block's first key
         n = min(khi, blk_hi * P) - key0  # keys of the block (those < klo get masked)
         for j in range(blk, blk_hi):  # scores of every page: s[:R4, :n]
             c = (j - blk) * P
-            # ... while V of the same page, read after the softmax, is prefetched
-            tile_scores(qt, k_pages, bt_row[j], kvh, s, R4, c, min(n - c, P),
-                        v_pages, bt_row[j])
+            tile_scores(qt, k_pages, bt_row[j], kvh, s, R4, c, min(n - c, P))
         # Mask only blocks that some row cannot fully see (causal edge, window).
         if key0 + n - 1 > first_pos or (window > 0 and key0 <= last_pos - window):
             mask_scores(s, row_pos, R4, key0, n, window)
         online_softmax(s, m, l, acc, R4, n)
-        for j in range(blk, blk_hi):  # acc[:R4] += p[:R4, :n] @ V ...
+        for j in range(blk, blk_hi):  # acc[:R4] += p[:R4, :n] @ V
             c = (j - blk) * P
-            nxt = bt_row[j + PB] if j + PB < page_hi else -1  # ... and K one block ahead
-            accumulate_pv(s, v_pages, bt_row[j], kvh, acc, R4, c, min(n - c, P),
-                          k_pages, nxt)
+            accumulate_pv(s, v_pages, bt_row[j], kvh, acc, R4, c, min(n - c, P))
     for i in range(nq):
         for g in range(G):
             r = i * G + g

@@ -26,10 +26,10 @@ The tricks that make these loops fast, each one function here:
   ``uint16`` and :func:`tile_f32` widens a page with :func:`half_to_f32`, an
   LLVM ``fpext half -> float`` that becomes ``vcvtph2ps`` (16 values per
   instruction) on any CPU with F16C.
-- **prefetch.** Pages lie anywhere in the arena, so the hardware prefetcher,
-  which follows sequential addresses, stalls at every page boundary.
-  :func:`prefetch_tile` asks for the *next* block's pages while the current
-  one is computed (LLVM's ``llvm.prefetch``: a hint, never a fault).
+- **no software prefetch.** Pages lie anywhere in the arena, so one would
+  expect ``llvm.prefetch`` of the next tile to help. Measured, it does not
+  (whole tiles at once or spread 8 cache lines per loop pass, one tile or
+  one block ahead: the same or up to 5% slower), so the loops stay plain.
 
 ``fastmath`` assumes there are no infinities, so nothing here starts at
 ``-inf``: the running max starts at :data:`EMPTY` (``-1e30``) and masked scores
@@ -42,7 +42,6 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
-from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from ..config import JIT_OPTIONS
@@ -53,8 +52,6 @@ EMPTY = np.float32(-1e30)
 MASKED = np.float32(-2e30)
 LOG2E = np.float32(1.4426950408889634)
 LN2 = np.float32(0.6931471805599453)
-#: Bytes per cache line: the unit of :func:`prefetch_tile`.
-CACHE_LINE = 64
 
 # Taylor coefficients of 2**f = e**(f ln2) for f in [-0.5, 0.5]; degree 6 leaves
 # a relative error near 1e-7, the size of float32 rounding.
@@ -83,8 +80,8 @@ def exp2(x):
 
 
 # ---------------------------------------------------------------------------
-# Two LLVM instructions Numba does not expose: each has a plain-Python twin
-# (for NUMBA_DISABLE_JIT=1) and an @overload that emits the instruction.
+# float16 -> float32, an LLVM instruction Numba does not expose: a plain-Python
+# twin (for NUMBA_DISABLE_JIT=1) and an @overload that emits the instruction.
 # ---------------------------------------------------------------------------
 def half_to_f32(h):
     """The float16 whose bits are the uint16 ``h``, as a float32 (exact)."""
@@ -105,31 +102,6 @@ def _half_to_f32_jit(h):
     return lambda h: _fpext_half(h)
 
 
-def prefetch(a, i):
-    """Hint that element ``i`` of the 1-D array ``a`` will be read soon (no-op in Python)."""
-
-
-@intrinsic
-def _prefetch_read(typingctx, a, i):
-    """LLVM: ``llvm.prefetch(&a[i], read, keep in all cache levels, data)``."""
-    def codegen(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        ptr = builder.gep(ary.data, [args[1]])
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-        builder.call(fn, [ptr, i32(0), i32(3), i32(1)])
-        return context.get_dummy_value()
-
-    return types.void(a, types.intp), codegen
-
-
-@overload(prefetch, jit_options=JIT_OPTIONS)
-def _prefetch_jit(a, i):
-    return lambda a, i: _prefetch_read(a, i)
-
-
-
 def to_f32(x):
     """One K or V element as float32: unchanged, or widened from float16 bits."""
     if isinstance(x, np.uint16):
@@ -145,28 +117,8 @@ def _to_f32_jit(x):
 
 
 @njit(**JIT_OPTIONS)
-def prefetch_rows(pages, pid, kvh, t0, t1):
-    """Prefetch rows ``t0:t1`` of the tile ``pages[pid, kvh]`` (nothing if ``pid < 0``).
-
-    ``pages`` is C-contiguous, so the rows are one run of elements from the
-    flat offset ``start``: one prefetch per 16 elements, a 64-byte cache line
-    of float32 (float16 pages get each line twice: cheaper than a division).
-    """
-    if pid < 0:
-        return
-    D = pages.shape[3]
-    start = ((pid * pages.shape[1] + kvh) * pages.shape[2] + t0) * D
-    for i in range(start, start + (t1 - t0) * D, CACHE_LINE // 4):
-        prefetch(pages, i)
-
-
-@njit(**JIT_OPTIONS)
-def tile_scores(qt, kp, pid, kvh, s, n_rows, col0, n_keys, pf, pf_pid):
+def tile_scores(qt, kp, pid, kvh, s, n_rows, col0, n_keys):
     """``s[:n_rows, col0:col0+n_keys] = qt[:n_rows] @ kp[pid, kvh, :n_keys].T``.
-
-    While it reads keys ``t..t+3`` it prefetches rows ``t..t+3`` of the tile
-    ``pf[pf_pid, kvh]`` (the one needed next): a few cache lines at a time,
-    so the loads overlap the arithmetic instead of queueing in one burst.
 
     ``n_rows`` is a multiple of 4. Four rows x four keys per pass: each query
     element loaded feeds four dot products, and so does each key element, so
@@ -176,7 +128,6 @@ def tile_scores(qt, kp, pid, kvh, s, n_rows, col0, n_keys, pf, pf_pid):
     D = qt.shape[1]
     t = 0
     while t + 3 < n_keys:
-        prefetch_rows(pf, pf_pid, kvh, t, t + 4)
         c = col0 + t
         for r in range(0, n_rows, 4):
             x00 = x01 = x02 = x03 = x10 = x11 = x12 = x13 = np.float32(0.0)
@@ -208,7 +159,6 @@ def tile_scores(qt, kp, pid, kvh, s, n_rows, col0, n_keys, pf, pf_pid):
             s[r + 2, c], s[r + 2, c + 1], s[r + 2, c + 2], s[r + 2, c + 3] = x02, x12, x22, x32
             s[r + 3, c], s[r + 3, c + 1], s[r + 3, c + 2], s[r + 3, c + 3] = x03, x13, x23, x33
         t += 4
-    prefetch_rows(pf, pf_pid, kvh, t, n_keys)
     while t < n_keys:  # the last 0-3 keys of the page, one at a time
         c = col0 + t
         for r in range(0, n_rows, 4):
@@ -264,10 +214,8 @@ def online_softmax(s, m, l, acc, n_rows, n_keys):
 
 
 @njit(**JIT_OPTIONS)
-def accumulate_pv(p, vp, pid, kvh, acc, n_rows, col0, n_keys, pf, pf_pid):
+def accumulate_pv(p, vp, pid, kvh, acc, n_rows, col0, n_keys):
     """``acc[:n_rows] += p[:n_rows, col0:col0+n_keys] @ vp[pid, kvh, :n_keys]``.
-
-    Prefetches ``pf[pf_pid, kvh]`` row by row as it goes, like :func:`tile_scores`.
 
     ``n_rows`` is even. Two rows x four keys per pass: each accumulator
     element is loaded and stored once per four keys, each (float16) value
@@ -277,7 +225,6 @@ def accumulate_pv(p, vp, pid, kvh, acc, n_rows, col0, n_keys, pf, pf_pid):
     D = acc.shape[1]
     t = 0
     while t + 3 < n_keys:
-        prefetch_rows(pf, pf_pid, kvh, t, t + 4)
         c = col0 + t
         for r in range(0, n_rows, 2):
             p00, p01, p02, p03 = p[r, c], p[r, c + 1], p[r, c + 2], p[r, c + 3]
@@ -290,7 +237,6 @@ def accumulate_pv(p, vp, pid, kvh, acc, n_rows, col0, n_keys, pf, pf_pid):
                 acc[r, d] += (p00 * v0 + p01 * v1) + (p02 * v2 + p03 * v3)
                 acc[r + 1, d] += (p10 * v0 + p11 * v1) + (p12 * v2 + p13 * v3)
         t += 4
-    prefetch_rows(pf, pf_pid, kvh, t, n_keys)
     while t < n_keys:  # the last 0-3 keys
         c = col0 + t
         for r in range(0, n_rows, 2):
