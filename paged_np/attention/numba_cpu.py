@@ -88,17 +88,18 @@ def plan_items(seq_lens, query_start_loc, n_q, page_size, num_kv_heads, q_tile, 
     hi = p_first + nq  # one past the last query's position
     page_lo = lo // page_size
     per = -(-((hi - 1) // page_size + 1 - page_lo) // num_splits)  # [tiles] pages per part
-    # Every (tile, split part, kv head): [tiles, S, Hkv] grids, flattened to items.
+    # Every (tile, split part, kv head) is an item: fill a [tiles, S, Hkv, 7] grid.
+    t3 = (slice(None), None, None)  # a [tiles] column broadcast over (S, Hkv)
     split = np.arange(num_splits)[None, :, None]
-    klo = np.maximum(lo[:, None, None], (page_lo[:, None, None] + split * per[:, None, None])
-                     * page_size)
-    khi = np.minimum(hi[:, None, None], (page_lo[:, None, None] + (split + 1)
-                                         * per[:, None, None]) * page_size)
-    shape = (len(b), num_splits, num_kv_heads)
-    cols = [b[:, None, None], query_start_loc[b][:, None, None] + i0[:, None, None],
-            np.where(khi > klo, nq[:, None, None], 0),  # an empty part is padding
-            np.arange(num_kv_heads)[None, None, :], klo, khi, split]
-    items = np.stack([np.broadcast_to(c, shape).ravel() for c in cols], axis=1)  # [n, 7]
+    grid = np.empty((len(b), num_splits, num_kv_heads, 7), np.int64)
+    grid[..., _B] = b[t3]
+    grid[..., _Q0] = (query_start_loc[b] + i0)[t3]
+    grid[..., _KVH] = np.arange(num_kv_heads)
+    grid[..., _SPLIT] = split
+    grid[..., _KLO] = np.maximum(lo[t3], (page_lo[t3] + split * per[t3]) * page_size)
+    grid[..., _KHI] = np.minimum(hi[t3], (page_lo[t3] + (split + 1) * per[t3]) * page_size)
+    grid[..., _NQ] = np.where(grid[..., _KHI] > grid[..., _KLO], nq[t3], 0)  # empty part: padding
+    items = grid.reshape(-1, 7)  # [n, 7]
     # Deal the items, most expensive first, round-robin into one block per thread.
     cost = items[:, _NQ] * np.maximum(items[:, _KHI] - items[:, _KLO], 0) + 64
     order = np.argsort(-cost, kind="stable")
