@@ -16,21 +16,35 @@ arithmetic, but arranged for a 2-core machine whose memory bus is the limit:
    allocated grows with the context length.
 3. **Split-K (flash-decoding).** With few items (one long sequence, one kv
    head) most cores would idle, so each item's keys are cut into
-   ``num_splits`` page-aligned parts that run in parallel. Each part leaves an
-   unnormalised state ``(max, sum, acc)``; :func:`_merge_splits` combines them
-   exactly with log-sum-exp weights, as ``merge_attention_states`` does.
+   ``num_splits`` page-aligned parts that run in parallel. Each part leaves
+   its normalised output and log-sum-exp; :func:`_merge_splits` combines
+   them exactly, as ``merge_attention_states`` does.
 4. **Balance.** Causal prefill items differ in cost (late queries see more
-   keys). :func:`plan_items` sorts items by cost and deals them round-robin into
-   one contiguous block per thread, because ``prange`` hands each thread a
-   contiguous block of iterations.
+   keys). :func:`plan_items` sorts items by cost and deals them round-robin
+   into one contiguous block per thread; each thread then walks its block
+   with one set of scratch arrays (no allocation per item).
+5. **Long prefill chunks go to BLAS.** A sequence with at least
+   :data:`BLAS_MIN_QUERIES` queries is arithmetic-bound, and a hand-written
+   loop reaches about a third of what a BLAS matrix product does:
+   :mod:`paged_np.attention.numba_prefill` handles it.
 
 Three layers, as everywhere in paged_np: ``paged_attention`` validates, then
-:func:`forward` (plain Python) plans and calls the ``@njit(parallel=True)``
-drivers here, which call the small helpers of
+:func:`forward` (plain Python) plans and calls the driver here
+(:func:`_attend_items`: the threads, over the jitted item loop
+:func:`_run_items` and :func:`_attend_item`), which calls the small helpers of
 :mod:`paged_np.attention.numba_kernels`.
 
-Simplified compared with vLLM/FlashInfer: no BLAS micro-kernels (the loops are
-written so LLVM vectorises them), no FP8, no ALiBi or soft-capping.
+Where the time goes (decode, context 2048, float32, page 16, 2 cores):
+per thread, the arithmetic of one page (K and V tiles, 16 KiB) takes about
+0.65 us when the tiles are in cache, and the page costs about 2.1 us when
+they come from memory, while a plain sum over the same tiles in the same
+order reads at over 80% of the streaming bandwidth. So the loads do not
+overlap the arithmetic; software prefetch and reading K and V tiles side by
+side were tried and measured no gain (see :mod:`.numba_kernels`).
+
+Simplified compared with vLLM/FlashInfer: no hand-written assembly
+micro-kernels (the loops are written so LLVM vectorises them), no FP8, no
+ALiBi or soft-capping.
 """
 
 from __future__ import annotations
