@@ -6,7 +6,7 @@ tokens of a few consecutive pages of one kv head. Each page is a contiguous
 :mod:`paged_np.attention.numba_cpu` strings the blocks together (the driver)
 and validates nothing: it relies on the public ``paged_attention`` for that.
 
-The tricks that make these loops fast, each one function here:
+The tricks that make these loops fast:
 
 - **base-2 softmax.** The driver multiplies ``q`` by ``scale * log2(e)`` once,
   so scores are in log2 units and the softmax needs ``2**x``: a shift of the
@@ -18,14 +18,17 @@ The tricks that make these loops fast, each one function here:
   to the scalar tail), and rescaling the accumulator after every page costs
   as much as the page itself. So scores of several pages are gathered in one
   ``[rows, 128]`` buffer before each softmax step.
-- **four keys at a time.** The dot products and the ``p @ V`` update walk four
-  tokens per pass, so every load of a query row (or accumulator row) feeds
-  four multiply-adds.
+- **register blocks.** :func:`tile_scores` computes four query rows x four
+  keys per pass and :func:`accumulate_pv` two rows x four keys, so every
+  vector loaded from memory feeds two to four multiply-adds and the running
+  sums stay in registers (rows come in fours: the driver pads with zero
+  queries). Decode rows are the ``G`` query heads of one kv head.
 - **float16 pages as bits.** Numba 0.68 has no ``float16`` arrays on the CPU
   (``NotImplementedError: float16``), so the driver passes the pages as
-  ``uint16`` and :func:`tile_f32` widens a page with :func:`half_to_f32`, an
+  ``uint16`` and the loops read each element through :func:`to_f32`: an
   LLVM ``fpext half -> float`` that becomes ``vcvtph2ps`` (16 values per
-  instruction) on any CPU with F16C.
+  instruction) on any CPU with F16C, once per element per register block;
+  no widened copy of the page is made.
 - **no software prefetch.** Pages lie anywhere in the arena, so one would
   expect ``llvm.prefetch`` of the next tile to help. Measured, it does not
   (whole tiles at once or spread 8 cache lines per loop pass, one tile or

@@ -17,7 +17,7 @@ long chunk of queries this module does, per (kv head, tile of query positions):
    and the keys stop at the tile's last position (causal).
 3. The softmax: :func:`_mask_invisible` marks the keys each row may not see
    (causal, sliding window), NumPy finds each row's max, and
-   :func:`_exp2_rows` (Numba, parallel over rows) turns ``S`` into
+   :func:`_exp2_rows` (Numba, one thread) turns ``S`` into
    ``P = 2**(S - max)`` in place and sums each row.
 4. ``O = P @ V`` with BLAS, then divide by the sums.
 
@@ -25,8 +25,11 @@ This is the textbook, non-streaming attention, tile by tile: the tile's ``S``
 exists in full (``Q_TILE * G * n_keys`` floats, a few MiB), which is why it
 runs only in prefill, where memory ``O(chunk)`` is allowed. The causal mask
 wastes the upper triangle of the last ``Q_TILE`` keys of each tile (about
-``Q_TILE / T`` of the work). BLAS and Numba take turns on the cores: never at
-the same time.
+``Q_TILE / T`` more work than the exact causal half: 6% at 2048 tokens). BLAS and Numba take
+turns on the cores, never at the same time. On the 2-core bench machine
+this runs causal prefill of 2048 tokens at about the speed of PyTorch's
+``scaled_dot_product_attention`` (a fused kernel), 85% of it in the two
+matrix products.
 
 Simplified compared with FlashAttention on a GPU: no fusion of the three
 steps (S goes through the cache), no skipping of fully masked key blocks
