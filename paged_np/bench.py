@@ -89,6 +89,7 @@ def stream_bandwidth(repeat: int = 5) -> float:
     """Streaming read bandwidth in GB/s: a parallel Numba sum over 512 MiB."""
     psum = _readers()[0]
     a = _stream_buffer()
+    _settle()
     t = _best(lambda: psum(a, 64), repeat)
     return a.nbytes / t / 1e9
 
@@ -98,18 +99,17 @@ def _stream_buffer():
     return np.ones(512 * 2**20 // 4, np.float32)  # 512 MiB, allocated once
 
 
-def paged_read_bandwidth(k, v, tables, repeat: int = 5) -> float:
-    """GB/s of summing exactly the K/V tiles a decode step reads, in its order.
+def paged_reader(k, v, tables):
+    """A function that sums exactly the K/V tiles a decode step reads, in its order.
 
-    No arithmetic beyond the sum: the limit that the access pattern itself
-    (``page_size * head_dim`` contiguous values, then a jump) puts on decode.
+    No arithmetic beyond the sum: its GB/s is the limit that the access
+    pattern itself (``page_size * head_dim`` contiguous values, then a jump
+    to another page) puts on decode.
     """
     paged_sum = _readers()[1]
-    n_pages = tables.shape[1]
     if k.dtype == np.float16:  # Numba has no float16 arrays: sum the bits (same bytes)
         k, v = k.view(np.uint16), v.view(np.uint16)
-    t = _best(lambda: paged_sum(k, v, tables, n_pages), repeat)
-    return 2 * tables.size * k[0].nbytes / t / 1e9  # every tile of K and V once
+    return functools.partial(paged_sum, k, v, tables, tables.shape[1])
 
 
 def make_decode_case(ctx: int, dtype, page_size: int = PAGE, seed: int = 0):
@@ -158,8 +158,21 @@ def _best_alternating(fns: dict, rounds: int, repeat: int) -> dict:
     best = {name: float("inf") for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            _settle()
             best[name] = min(best[name], _best(fn, repeat, warmup=0))
     return best
+
+
+def _settle(seconds: float = 0.5) -> None:
+    """Let the machine calm down after the previous measurement.
+
+    OpenMP pools (Numba's ``omp`` layer, PyTorch's) and OpenBLAS keep their
+    threads busy-waiting for a while after each parallel call, and after the
+    512 MiB streaming read the next BLAS-heavy call ran 30% slower for up to
+    a second or two (measured; gone after a 2 s pause). On 2 cores either
+    would bias the comparison.
+    """
+    time.sleep(seconds)
 
 
 def bench_numba(cfg: dict, log) -> dict:
@@ -179,7 +192,7 @@ def bench_numba(cfg: dict, log) -> dict:
             q, k, v, bt, sl, qsl = case
             gb = 2 * B * HKV * ctx * D * k.itemsize / 1e9  # K and V bytes read
             fns = {"numba": functools.partial(numba_cpu.forward, *case, scale, 0, False),
-                   "paged_read": functools.partial(paged_read_bandwidth, k, v, bt, 1)}
+                   "paged_read": paged_reader(k, v, bt)}
             if torch is not None and dtype is np.float32:
                 fns["torch"] = _torch_decode(q, k, v, bt, sl)
             for fn in fns.values():  # warm up (compile, first touch)
@@ -203,7 +216,7 @@ def bench_numba(cfg: dict, log) -> dict:
     for ps in cfg["page_sizes"]:
         case = make_decode_case(2048, np.float32, page_size=ps)
         fns = {"numba": functools.partial(numba_cpu.forward, *case, scale, 0, False),
-               "paged_read": functools.partial(paged_read_bandwidth, *case[1:4], 1)}
+               "paged_read": paged_reader(*case[1:4])}
         for fn in fns.values():
             fn()
         best = _best_alternating(fns, rounds, rep)
@@ -235,6 +248,7 @@ def bench_prefill(cfg: dict, log) -> dict:
     q = rng.standard_normal((T, H, D), np.float32)
     sl, qsl = np.array([T], np.int32), np.array([0, T], np.int32)
     flops = 4.0 * H * D * T * (T + 1) / 2  # 2 matmuls x 2 flops per multiply-add
+    _settle(2.0)
     fns = {"numba": lambda: numba_cpu.forward(q, k, v, bt, sl, qsl, D**-0.5, 0, False)}
     if cfg["torch"] is not None:
         import torch
