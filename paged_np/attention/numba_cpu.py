@@ -297,6 +297,7 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     qsl = np.ascontiguousarray(query_start_loc, np.int64)
     n_q = np.diff(qsl)
     in_kernel = n_q < blas_min_queries
+    # The kernel first: a split-K merge rewrites all T rows, BLAS then fills its own.
     if in_kernel.any() and n_q[in_kernel].max() > 0:
         _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, np.where(
             in_kernel, n_q, 0), scale, window, num_splits, q_tile, out, lse)
@@ -332,4 +333,4 @@ def _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, n_q, scale
     _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, qsl, items, threads,
                   int(q_tile) * G, window, part_out, part_lse)
     if num_splits > 1:
-        _merge_splits(part_out, part_lse, out, lse)  # every token: runs first
+        _merge_splits(part_out, part_lse, out, lse)  # writes every token's rows
