@@ -1,11 +1,12 @@
 """The Numba CPU kernel beyond the shared parity sweep.
 
 ``test_attention_sweep.py`` already runs every configuration on
-``backend="numba"``. Here: the kernel's own knobs (split-K, query tile size)
-must not change the answer, its helpers (``exp2``, float16 widening) are exact
-enough, poisoned slots never leak, and the whole file also runs with
-``NUMBA_DISABLE_JIT=1`` so the jitted code stays covered as plain Python.
-Shapes are small so that the no-JIT run stays fast.
+``backend="numba"``. Here: the kernel's own knobs (split-K, query tile size,
+the BLAS prefill path and its tile size) must not change the answer, its
+helpers (``exp2``, float16 widening) are exact enough, the planner hands out
+every piece of work once, poisoned slots never leak, and the whole file also
+runs with ``NUMBA_DISABLE_JIT=1`` so the jitted code stays covered as plain
+Python. Shapes are small so that the no-JIT run stays fast.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import sys
 import numpy as np
 import pytest
 from attention_cases import TOL, make_paged_case, prefill_query_counts, rel_error
+from numba import njit
 
-from paged_np.attention import numba_cpu
-from paged_np.attention.numba_kernels import exp2, half_to_f32
+from paged_np.attention import numba_cpu, numba_prefill
+from paged_np.attention.numba_kernels import exp2, half_to_f32, to_f32
 
 
 def run(case, *, window=0, **knobs):
@@ -92,12 +94,69 @@ def test_exp2_accuracy_and_zero_floor():
     assert exp2(np.float32(-1e30)) == 0.0 and exp2(np.float32(-127.0)) == 0.0
 
 
+@njit
+def _widen_all(bits):
+    """``to_f32`` over an array of float16 bits, inside jitted code (LLVM fpext)."""
+    out = np.empty(bits.size, np.float32)
+    for i in range(bits.size):
+        out[i] = to_f32(bits[i])
+    return out
+
+
 def test_half_to_f32_is_exact_for_every_finite_float16():
     bits = np.arange(0, 2**16, 97, dtype=np.uint16)  # a spread of all bit patterns
     halves = bits.view(np.float16)
     finite = np.isfinite(halves)
-    got = np.array([half_to_f32(b) for b in bits[finite]], np.float32)
-    np.testing.assert_array_equal(got, halves[finite].astype(np.float32))
+    want = halves[finite].astype(np.float32)
+    np.testing.assert_array_equal(_widen_all(bits[finite]), want)  # jitted
+    np.testing.assert_array_equal([half_to_f32(b) for b in bits[finite]], want)  # Python twin
+
+
+@pytest.mark.parametrize("window", [0, 9])
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
+def test_blas_prefill_equals_kernel(monkeypatch, window, kv_dtype):
+    """Long chunks on BLAS (tiles of 8 queries here) give the kernel's answer."""
+    monkeypatch.setattr(numba_prefill, "Q_TILE", 8)
+    lens = [45, 20, 6]
+    case = make_paged_case(lens, [30, 20, 6], num_heads=4, num_kv_heads=2, head_dim=16,
+                           page_size=4, kv_dtype=kv_dtype, seed=3)
+    blas_out, blas_lse = run(case, window=window, blas_min_queries=1)
+    out, lse = run(case, window=window, blas_min_queries=10**9)
+    np.testing.assert_allclose(blas_out, out, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(blas_lse, lse, rtol=0, atol=2e-6)
+    assert_matches_reference(case, blas_out, blas_lse, window)
+
+
+def test_mixed_batch_decode_split_and_blas_prefill():
+    """A decode row with split-K beside a BLAS prefill chunk: the merge leaves it alone."""
+    case = make_paged_case([70, 40], [1, 40], num_heads=4, num_kv_heads=4, head_dim=8,
+                           page_size=2, seed=4)
+    out, lse = run(case, num_splits=3, blas_min_queries=16)
+    assert_matches_reference(case, out, lse)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_plan_hands_out_every_piece_once(threads):
+    """Every (query tile, kv head, split part) appears once; padding rows are empty."""
+    seq_lens = np.array([50, 0, 9, 33], np.int64)
+    qsl = np.array([0, 50, 50, 51, 58], np.int64)
+    n_q = np.diff(qsl)
+    items = numba_cpu.plan_items(seq_lens, qsl, n_q, 4, 2, 16, 2, 0, threads)
+    assert len(items) % threads == 0
+    real = items[items[:, 2] > 0]
+    keys = {(int(b), int(q0), int(h), int(sp)) for b, q0, _, h, _, _, sp in real}
+    assert len(keys) == len(real)  # no piece twice
+    for h in range(2):  # per kv head, each query is covered by parts whose keys tile [0, pos]
+        for b, (t0, t1) in enumerate(zip(qsl[:-1], qsl[1:])):
+            mine = real[(real[:, 0] == b) & (real[:, 3] == h)]
+            queries = sorted(int(q) for q0, nq in mine[:, 1:3] for q in range(q0, q0 + nq))
+            assert set(queries) == set(range(t0, t1))
+            for q0 in set(mine[:, 1]):
+                parts = mine[mine[:, 1] == q0]
+                spans = sorted((int(lo), int(hi)) for lo, hi in parts[:, 4:6])
+                assert spans[0][0] == 0 and all(a[1] == b_[0] for a, b_ in zip(spans, spans[1:]))
+                nq = parts[0, 2]
+                assert spans[-1][1] == seq_lens[b] - (t1 - q0) + nq  # one past the tile's last
 
 
 def test_decode_batch_of_zero_queries():

@@ -16,42 +16,61 @@ arithmetic, but arranged for a 2-core machine whose memory bus is the limit:
    allocated grows with the context length.
 3. **Split-K (flash-decoding).** With few items (one long sequence, one kv
    head) most cores would idle, so each item's keys are cut into
-   ``num_splits`` page-aligned parts that run in parallel. Each part leaves an
-   unnormalised state ``(max, sum, acc)``; :func:`_merge_splits` combines them
-   exactly with log-sum-exp weights, as ``merge_attention_states`` does.
+   ``num_splits`` page-aligned parts that run in parallel. Each part leaves
+   its normalised output and log-sum-exp; :func:`_merge_splits` combines
+   them exactly, as ``merge_attention_states`` does.
 4. **Balance.** Causal prefill items differ in cost (late queries see more
-   keys). :func:`_plan` sorts items by cost and deals them round-robin into
-   one contiguous block per thread, because ``prange`` hands each thread a
-   contiguous block of iterations.
+   keys). :func:`plan_items` sorts items by cost and deals them round-robin
+   into one contiguous block per thread; each thread then walks its block
+   with one set of scratch arrays (no allocation per item).
+5. **Long prefill chunks go to BLAS.** A sequence with at least
+   :data:`BLAS_MIN_QUERIES` queries is arithmetic-bound, and a hand-written
+   loop reaches about a third of what a BLAS matrix product does:
+   :mod:`paged_np.attention.numba_prefill` handles it.
 
 Three layers, as everywhere in paged_np: ``paged_attention`` validates, then
-:func:`forward` (plain Python) plans and calls the ``@njit(parallel=True)``
-drivers here, which call the small helpers of
+:func:`forward` (plain Python) plans and calls the driver here
+(:func:`_attend_items`: the threads, over the jitted item loop
+:func:`_run_items` and :func:`_attend_item`), which calls the small helpers of
 :mod:`paged_np.attention.numba_kernels`.
 
-Simplified compared with vLLM/FlashInfer: no BLAS micro-kernels (the loops are
-written so LLVM vectorises them), no FP8, no ALiBi or soft-capping.
+Where the time goes (decode, context 2048, float32, page 16, 2 cores):
+per thread, the arithmetic of one page (K and V tiles, 16 KiB) takes about
+0.65 us when the tiles are in cache, and the page costs about 2.1 us when
+they come from memory, while a plain sum over the same tiles in the same
+order reads at over 80% of the streaming bandwidth. So the loads do not
+overlap the arithmetic; software prefetch and reading K and V tiles side by
+side were tried and measured no gain (see :mod:`.numba_kernels`).
+
+Simplified compared with vLLM/FlashInfer: no hand-written assembly
+micro-kernels (the loops are written so LLVM vectorises them), no FP8, no
+ALiBi or soft-capping.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from ..config import JIT_OPTIONS, JIT_PARALLEL_OPTIONS
+from ..config import JIT_OPTIONS
 from .numba_kernels import (
     EMPTY,
     LN2,
     LOG2E,
     accumulate_pv,
-    exp2,
     mask_scores,
     online_softmax,
-    tile_f32,
     tile_scores,
 )
+from .numba_prefill import attend_sequence
 
+#: Keys per softmax block (rounded to whole pages): long enough for vector loops.
+BLOCK_KEYS = 128
+#: A sequence with this many queries (a long prefill chunk) goes to BLAS.
+BLAS_MIN_QUERIES = 128
 #: Query rows per prefill item (q_tile * G); decode items have G rows.
 PREFILL_ROWS = 64
 #: Split-K is used when there are fewer items than this many per thread.
@@ -63,132 +82,189 @@ MIN_PAGES_PER_SPLIT = 8
 _B, _Q0, _NQ, _KVH, _KLO, _KHI, _SPLIT = range(7)
 
 
-@njit(**JIT_OPTIONS)
-def _plan(seq_lens, query_start_loc, page_size, num_kv_heads, q_tile, num_splits, window,
-          num_threads):
-    """Work items, ordered so that ``prange``'s contiguous blocks balance.
+def plan_items(seq_lens, query_start_loc, n_q, page_size, num_kv_heads, q_tile, num_splits,
+               window, num_threads):
+    """Work items, ordered so that each thread's contiguous block costs about the same.
 
-    Returns int64 ``[n_items, 7]``: sequence, first query token, number of
-    queries, kv head, keys ``[lo, hi)`` and split index. Rows with 0 queries
-    are padding.
+    Plain NumPy (a few dozen items for a decode step; nothing to compile).
+    ``n_q`` ``[B]``: queries per sequence the kernel handles (0: none).
+    Returns int64 ``[num_threads * per_thread, 7]``: sequence, first query
+    token, number of queries, kv head, keys ``[lo, hi)`` and split part.
+    Rows with 0 queries are padding.
     """
-    B = seq_lens.shape[0]
-    n_tiles = 0
-    for b in range(B):
-        n_q = query_start_loc[b + 1] - query_start_loc[b]
-        n_tiles += (n_q + q_tile - 1) // q_tile
-    items = np.zeros((n_tiles * num_kv_heads * num_splits, 7), np.int64)
-    cost = np.zeros(items.shape[0], np.float64)
-    n = 0
-    for b in range(B):
-        n_q = query_start_loc[b + 1] - query_start_loc[b]
-        for i0 in range(0, n_q, q_tile):
-            nq = min(q_tile, n_q - i0)
-            p_first = seq_lens[b] - n_q + i0  # position of the tile's first query
-            lo = max(0, p_first - window + 1) if window > 0 else 0
-            hi = p_first + nq  # one past the last query's position
-            page_lo = lo // page_size
-            n_pages = (hi - 1) // page_size + 1 - page_lo
-            per = (n_pages + num_splits - 1) // num_splits  # pages per split
-            for split in range(num_splits):
-                klo = max(lo, (page_lo + split * per) * page_size)
-                khi = min(hi, (page_lo + (split + 1) * per) * page_size)
-                for kvh in range(num_kv_heads):
-                    row = items[n]
-                    row[_B], row[_Q0] = b, query_start_loc[b] + i0
-                    row[_KVH], row[_SPLIT] = kvh, split
-                    row[_NQ] = nq if khi > klo else 0  # an empty part is padding
-                    row[_KLO], row[_KHI] = klo, khi
-                    cost[n] = nq * max(khi - klo, 0) + 64.0
-                    n += 1
+    n_tiles = -(-n_q // q_tile)  # [B] query tiles per sequence
+    b = np.repeat(np.arange(len(n_q)), n_tiles)  # [tiles] sequence of each tile
+    first_tile = np.repeat(np.cumsum(n_tiles) - n_tiles, n_tiles)
+    i0 = (np.arange(len(b)) - first_tile) * q_tile  # [tiles] first query, within the sequence
+    nq = np.minimum(q_tile, n_q[b] - i0)
+    p_first = seq_lens[b] - n_q[b] + i0  # position of the tile's first query
+    lo = np.maximum(0, p_first - window + 1) if window > 0 else np.zeros_like(p_first)
+    hi = p_first + nq  # one past the last query's position
+    page_lo = lo // page_size
+    per = -(-((hi - 1) // page_size + 1 - page_lo) // num_splits)  # [tiles] pages per part
+    # Every (tile, split part, kv head) is an item: fill a [tiles, S, Hkv, 7] grid.
+    t3 = (slice(None), None, None)  # a [tiles] column broadcast over (S, Hkv)
+    split = np.arange(num_splits)[None, :, None]
+    grid = np.empty((len(b), num_splits, num_kv_heads, 7), np.int64)
+    grid[..., _B] = b[t3]
+    grid[..., _Q0] = (query_start_loc[b] + i0)[t3]
+    grid[..., _KVH] = np.arange(num_kv_heads)
+    grid[..., _SPLIT] = split
+    grid[..., _KLO] = np.maximum(lo[t3], (page_lo[t3] + split * per[t3]) * page_size)
+    grid[..., _KHI] = np.minimum(hi[t3], (page_lo[t3] + (split + 1) * per[t3]) * page_size)
+    grid[..., _NQ] = np.where(grid[..., _KHI] > grid[..., _KLO], nq[t3], 0)  # empty part: padding
+    items = grid.reshape(-1, 7)  # [n, 7]
     # Deal the items, most expensive first, round-robin into one block per thread.
-    order = np.argsort(-cost)
-    per_thread = (n + num_threads - 1) // num_threads
+    cost = items[:, _NQ] * np.maximum(items[:, _KHI] - items[:, _KLO], 0) + 64
+    order = np.argsort(-cost, kind="stable")
+    per_thread = -(-len(items) // num_threads)
     dealt = np.zeros((per_thread * num_threads, 7), np.int64)  # padding: 0 queries
-    for j in range(n):
-        dealt[(j % num_threads) * per_thread + j // num_threads] = items[order[j]]
+    j = np.arange(len(items))
+    dealt[(j % num_threads) * per_thread + j // num_threads] = items[order]
     return dealt
 
 
-@njit(**JIT_PARALLEL_OPTIONS)
-def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
-                  window, part_acc, part_m, part_l):
-    """Run every planned item; each leaves its unnormalised softmax state.
+@njit(**JIT_OPTIONS)
+def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh, klo, khi, window,
+                 out, lse, qt, row_pos, s, m, l, acc):
+    """One work item: ``nq`` queries x ``G`` heads against keys ``[klo, khi)``.
 
-    ``q2``: queries already multiplied by ``scale * log2(e)`` ``[T, H, D]``.
-    Writes ``part_acc [S, T, H, D]``, ``part_m``, ``part_l [S, T, H]``.
+    Writes the normalised output ``out[q0:q0+nq, kvh*G:(kvh+1)*G]`` and its
+    log-sum-exp (natural log; :data:`EMPTY` for a row that saw no key).
+    The rest are per-thread scratch arrays, sized for the largest item.
     """
     H, D = q2.shape[1], q2.shape[2]
-    page_size = k_pages.shape[2]
-    G = H // k_pages.shape[1]  # query heads per kv head
-    for w in prange(items.shape[0]):
+    P = k_pages.shape[2]
+    G = H // k_pages.shape[1]
+    KB = s.shape[1]  # keys per block: a whole number of pages
+    R = nq * G  # rows: (query i, head g) -> r = i * G + g
+    R4 = (R + 3) // 4 * 4  # the helpers take rows in fours: pad with zero queries
+    last_pos = first_pos + nq - 1
+    # Plain loops, not slice assignments: each slice-assignment variant costs
+    # Numba about a second of compile time (measured), and these are tiny.
+    for r in range(R4):
+        i = min(r // G, nq - 1)  # padding rows: zero queries at the last position
+        row_pos[r] = first_pos + i
+        m[r] = EMPTY  # running max (log2 units)
+        l[r] = 0.0  # running sum of weights
+        for d in range(D):
+            qt[r, d] = q2[q0 + i, kvh * G + r % G, d] if r < R else 0.0  # [R4, D]
+            acc[r, d] = 0.0  # running sum of weight * v   [R4, D]
+    page_lo, page_hi = klo // P, (khi - 1) // P + 1
+    PB = KB // P  # pages per block
+    for blk in range(page_lo, page_hi, PB):
+        blk_hi = min(blk + PB, page_hi)
+        key0 = blk * P  # position of the block's first key
+        n = min(khi, blk_hi * P) - key0  # keys of the block (those < klo get masked)
+        for j in range(blk, blk_hi):  # scores of every page: s[:R4, :n]
+            c = (j - blk) * P
+            tile_scores(qt, k_pages, bt_row[j], kvh, s, R4, c, min(n - c, P))
+        # Mask only blocks that some row cannot fully see (causal edge, window).
+        if key0 + n - 1 > first_pos or (window > 0 and key0 <= last_pos - window):
+            mask_scores(s, row_pos, R4, key0, n, window)
+        online_softmax(s, m, l, acc, R4, n)
+        for j in range(blk, blk_hi):  # acc[:R4] += p[:R4, :n] @ V
+            c = (j - blk) * P
+            accumulate_pv(s, v_pages, bt_row[j], kvh, acc, R4, c, min(n - c, P))
+    for i in range(nq):
+        for g in range(G):
+            r = i * G + g
+            inv = np.float32(1.0) / l[r] if l[r] > 0 else np.float32(0.0)
+            for d in range(D):
+                out[q0 + i, kvh * G + g, d] = acc[r, d] * inv
+            lse[q0 + i, kvh * G + g] = (m[r] + np.log2(l[r])) * LN2 if l[r] > 0 else EMPTY
+
+
+@njit(**JIT_OPTIONS)
+def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items, w0, w1,
+               max_rows, window, part_out, part_lse):
+    """Items ``w0:w1`` of the plan, one after the other, sharing one set of scratch arrays.
+
+    ``q2``: queries already multiplied by ``scale * log2(e)`` ``[T, H, D]``.
+    Writes ``part_out [S, T, H, D]`` and ``part_lse [S, T, H]``, one slice per
+    split part (``S = 1``: the final answer).
+    """
+    D = q2.shape[2]
+    P = k_pages.shape[2]
+    KB = max(1, BLOCK_KEYS // P) * P  # keys per block
+    R4 = (max_rows + 3) // 4 * 4
+    qt = np.empty((R4, D), np.float32)  # queries of the item   [R4, D]
+    row_pos = np.empty(R4, np.int64)  # each row's query position
+    s = np.empty((R4, KB), np.float32)  # scores, then weights  [R4, KB]
+    m = np.empty(R4, np.float32)
+    l = np.empty(R4, np.float32)
+    acc = np.empty((R4, D), np.float32)
+    for w in range(w0, w1):
         it = items[w]
-        b, q0, nq, kvh = it[_B], it[_Q0], it[_NQ], it[_KVH]
-        klo, khi, split = it[_KLO], it[_KHI], it[_SPLIT]
-        if nq == 0:
+        b, q0, nq = it[_B], it[_Q0], it[_NQ]
+        if nq == 0:  # padding
             continue
-        R = nq * G  # rows: (query i, head g) -> r = i * G + g
         n_q = query_start_loc[b + 1] - query_start_loc[b]
         first_pos = seq_lens[b] - n_q + (q0 - query_start_loc[b])
-        qt = np.empty((R, D), np.float32)  # [R, D]
-        row_pos = np.empty(R, np.int64)  # [R] each row's query position
-        for i in range(nq):
-            for g in range(G):
-                qt[i * G + g] = q2[q0 + i, kvh * G + g]
-                row_pos[i * G + g] = first_pos + i
-        s = np.empty((R, page_size), np.float32)  # scores, then weights
-        m = np.full(R, EMPTY, np.float32)  # running max (log2 units)
-        l = np.zeros(R, np.float32)  # running sum of weights
-        acc = np.zeros((R, D), np.float32)  # running sum of weight * v
-        kbuf = np.empty((page_size, D), np.float32)  # float16 pages widen here
-        vbuf = np.empty((page_size, D), np.float32)
-        last_pos = first_pos + nq - 1
-        for page in range(klo // page_size, (khi - 1) // page_size + 1):
-            pid = block_tables[b, page]
-            key0 = page * page_size  # position of the page's first token
-            nk = min(khi - key0, page_size)  # tokens of this page inside [.., khi)
-            k = tile_f32(k_pages[pid, kvh], kbuf, nk)  # [page_size, D], rows < nk valid
-            v = tile_f32(v_pages[pid, kvh], vbuf, nk)
-            tile_scores(qt, k, s, R, nk)  # s[:R, :nk]
-            # Mask only tiles that some row cannot fully see (causal edge, window).
-            if key0 + nk - 1 > first_pos or (window > 0 and key0 <= last_pos - window):
-                mask_scores(s, row_pos, R, key0, nk, window)
-            online_softmax(s, m, l, acc, R, nk)
-            accumulate_pv(s, v, acc, R, nk)
-        for i in range(nq):
-            for g in range(G):
-                r = i * G + g
-                part_acc[split, q0 + i, kvh * G + g] = acc[r]
-                part_m[split, q0 + i, kvh * G + g] = m[r]
-                part_l[split, q0 + i, kvh * G + g] = l[r]
+        _attend_item(q2, k_pages, v_pages, block_tables[b], first_pos, q0, nq, it[_KVH],
+                     it[_KLO], it[_KHI], window, part_out[it[_SPLIT]], part_lse[it[_SPLIT]],
+                     qt, row_pos, s, m, l, acc)
 
 
-@njit(**JIT_PARALLEL_OPTIONS)
-def _merge_splits(part_acc, part_m, part_l, out, lse):
-    """Combine the split states of every (token, head): ``out = acc / sum``.
+def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
+                  num_threads, max_rows, window, part_out, part_lse):
+    """The parallel driver: thread ``th`` runs block ``th`` of the plan.
 
-    With maxima ``m_s`` and ``M = max_s m_s``, part ``s`` is weighted by
-    ``2**(m_s - M)``; ``lse = (M + log2(sum)) * ln 2`` turns log2 units back
-    into natural log.
+    ``items`` holds one contiguous block of rows per thread (see
+    :func:`plan_items`). The threads are plain Python threads calling the
+    jitted :func:`_run_items`, which releases the GIL (``nogil``), rather than
+    an ``@njit(parallel=True)`` ``prange`` loop: same speed, but Numba
+    re-optimises the whole kernel inside every ``prange`` function, which
+    measured 3.6 s of extra cold compile per page dtype (15.5 s in all
+    against 8 s).
     """
-    S, T, H, D = part_acc.shape
-    for th in prange(T * H):
-        t, h = th // H, th % H
-        M = EMPTY
-        for s in range(S):
-            M = max(M, part_m[s, t, h])
-        total = np.float32(0.0)
-        for s in range(S):
-            total += part_l[s, t, h] * exp2(part_m[s, t, h] - M)
-        inv = np.float32(1.0) / total if total > 0 else np.float32(0.0)
-        o = out[t, h]  # [D]
-        o[:] = 0.0
-        for s in range(S):
-            wgt = exp2(part_m[s, t, h] - M) * inv
-            a = part_acc[s, t, h]
-            for d in range(D):
-                o[d] += wgt * a[d]
-        lse[t, h] = (M + np.log2(total)) * LN2 if total > 0 else EMPTY
+    per_thread = items.shape[0] // num_threads
+    args = (q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items)
+    tail = (max_rows, window, part_out, part_lse)
+    futures = [_pool(num_threads).submit(_run_items, *args, th * per_thread,
+                                         (th + 1) * per_thread, *tail)
+               for th in range(1, num_threads)]
+    _run_items(*args, 0, per_thread, *tail)  # block 0 in this thread
+    for f in futures:
+        f.result()
+
+
+_POOLS = {}
+
+
+def _pool(num_threads):
+    """A thread pool with ``num_threads - 1`` workers, made once per thread count."""
+    if num_threads not in _POOLS:
+        _POOLS[num_threads] = ThreadPoolExecutor(num_threads - 1,
+                                                 thread_name_prefix="paged_np")
+    return _POOLS[num_threads]
+
+
+@njit(**JIT_OPTIONS)
+def _merge_splits(part_out, part_lse, out, lse):
+    """Combine the split parts of every (token, head), exactly.
+
+    Part ``s`` weighs ``exp(lse_s - M) / sum`` with ``M = max_s lse_s``; an
+    empty part has ``lse = EMPTY`` and weight 0. Serial: split-K only runs
+    when there are few tokens.
+    """
+    S, T, H, D = part_out.shape
+    for t in range(T):
+        for h in range(H):
+            M = EMPTY
+            for s in range(S):
+                M = max(M, part_lse[s, t, h])
+            total = np.float32(0.0)
+            for s in range(S):
+                total += np.exp(part_lse[s, t, h] - M)
+            o = out[t, h]  # [D]
+            o[:] = 0.0
+            for s in range(S):
+                wgt = np.exp(part_lse[s, t, h] - M) / total
+                a = part_out[s, t, h]
+                for d in range(D):
+                    o[d] += wgt * a[d]
+            lse[t, h] = M + np.log(total)
 
 
 def choose_num_splits(n_items: int, max_pages: int, num_threads: int) -> int:
@@ -201,40 +277,60 @@ def choose_num_splits(n_items: int, max_pages: int, num_threads: int) -> int:
 
 
 def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
-            sliding_window, return_lse, *, num_splits=None, q_tile=None):
+            sliding_window, return_lse, *, num_splits=None, q_tile=None,
+            blas_min_queries=BLAS_MIN_QUERIES):
     """Backend entry (validated arguments, see the contract in DESIGN.md).
 
-    ``num_splits`` and ``q_tile`` override the automatic choices (tests use
-    them to force split-K); ``None`` picks them from the shapes and
-    ``numba.get_num_threads()``.
+    Sequences with at least ``blas_min_queries`` queries go to
+    :func:`paged_np.attention.numba_prefill.attend_sequence` (BLAS); the rest
+    to the kernel here. ``num_splits`` and ``q_tile`` override the kernel's
+    automatic choices (tests use them to force split-K); ``None`` picks them
+    from the shapes and ``numba.get_num_threads()``.
     """
     T, H, D = q.shape
-    num_kv_heads, page_size = k_pages.shape[1], k_pages.shape[2]
-    G = H // num_kv_heads
     out = np.zeros((T, H, D), np.float32)
     lse = np.zeros((T, H), np.float32)
     if T == 0:
         return out, (lse if return_lse else None)
-    if k_pages.dtype == np.float16:  # Numba cannot load float16: pass the bits
-        k_pages, v_pages = k_pages.view(np.uint16), v_pages.view(np.uint16)
+    window = int(sliding_window or 0)
     seq_lens = np.ascontiguousarray(seq_lens, np.int64)
     qsl = np.ascontiguousarray(query_start_loc, np.int64)
     n_q = np.diff(qsl)
+    in_kernel = n_q < blas_min_queries
+    # The kernel first: a split-K merge rewrites all T rows, BLAS then fills its own.
+    if in_kernel.any() and n_q[in_kernel].max() > 0:
+        _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, np.where(
+            in_kernel, n_q, 0), scale, window, num_splits, q_tile, out, lse)
+    for b in np.flatnonzero(~in_kernel):  # long prefill chunks: BLAS
+        attend_sequence(q, k_pages, v_pages, block_tables[b], int(seq_lens[b]), int(qsl[b]),
+                        int(n_q[b]), scale, window, out, lse)
+    return out, (lse if return_lse else None)
+
+
+def _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, n_q, scale, window,
+                    num_splits, q_tile, out, lse):
+    """The Numba kernel on the sequences with ``n_q > 0``; writes their rows of out, lse."""
+    T, H, D = q.shape
+    num_kv_heads, page_size = k_pages.shape[1], k_pages.shape[2]
+    G = H // num_kv_heads
+    if k_pages.dtype == np.float16:  # Numba cannot load float16: pass the bits
+        k_pages, v_pages = k_pages.view(np.uint16), v_pages.view(np.uint16)
     if q_tile is None:  # decode: one query per item; prefill: ~PREFILL_ROWS rows
         q_tile = 1 if n_q.max() <= 1 else max(1, PREFILL_ROWS // G)
     threads = numba.get_num_threads()
     if num_splits is None:
         n_items = int(((n_q + q_tile - 1) // q_tile).sum()) * num_kv_heads
-        max_pages = int(-(-int(seq_lens.max()) // page_size))
+        max_pages = int(-(-int(seq_lens[n_q > 0].max()) // page_size))
         num_splits = choose_num_splits(n_items, max_pages, threads)
-    window = int(sliding_window or 0)
-    items = _plan(seq_lens, qsl, page_size, num_kv_heads, int(q_tile), int(num_splits),
-                  window, threads)
+    items = plan_items(seq_lens, qsl, n_q, page_size, num_kv_heads, int(q_tile),
+                       int(num_splits), window, threads)
     q2 = np.multiply(q, np.float32(scale) * LOG2E, dtype=np.float32)  # log2 units
-    part_acc = np.zeros((num_splits, T, H, D), np.float32)
-    part_m = np.full((num_splits, T, H), EMPTY, np.float32)
-    part_l = np.zeros((num_splits, T, H), np.float32)
-    _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, qsl, items, window,
-                  part_acc, part_m, part_l)
-    _merge_splits(part_acc, part_m, part_l, out, lse)
-    return out, (lse if return_lse else None)
+    if num_splits == 1:  # the items write the answer directly
+        part_out, part_lse = out[None], lse[None]
+    else:
+        part_out = np.zeros((num_splits, T, H, D), np.float32)
+        part_lse = np.full((num_splits, T, H), EMPTY, np.float32)
+    _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, qsl, items, threads,
+                  int(q_tile) * G, window, part_out, part_lse)
+    if num_splits > 1:
+        _merge_splits(part_out, part_lse, out, lse)  # writes every token's rows

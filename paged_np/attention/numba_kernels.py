@@ -1,23 +1,38 @@
 """The small @njit helpers of the Numba paged attention kernel.
 
-Everything here works on one *tile*: a block of query rows against the tokens
-of one page of one kv head, a contiguous ``[page_size, head_dim]`` slab of the
-arena (HND layout). :mod:`paged_np.attention.numba_cpu` strings the tiles
-together (the driver) and validates nothing: it relies on the public
-``paged_attention`` for that.
+Everything here works on one *key block*: a block of query rows against the
+tokens of a few consecutive pages of one kv head. Each page is a contiguous
+``[page_size, head_dim]`` slab of the arena (HND layout), read where it lies.
+:mod:`paged_np.attention.numba_cpu` strings the blocks together (the driver)
+and validates nothing: it relies on the public ``paged_attention`` for that.
 
-Three tricks make these loops fast, and each is one function here:
+The tricks that make these loops fast:
 
 - **base-2 softmax.** The driver multiplies ``q`` by ``scale * log2(e)`` once,
-  so scores are in log2 units and the softmax needs ``2**x``, which is a
-  shift of the exponent bits plus a short polynomial (:func:`exp2`). LLVM
-  vectorises it; ``np.exp`` would be a scalar libm call per score.
-- **four keys at a time.** The dot products and the ``p @ V`` update walk four
-  tokens of the page per pass, so every load of a query row (or of an
-  accumulator row) is used four times.
-- **float16 pages as bits.** Numba cannot load ``float16`` on the CPU, so the
-  driver passes the pages as ``uint16`` and :func:`tile_f32` widens one page
-  tile to float32 in a scratch buffer, with integer operations only.
+  so scores are in log2 units and the softmax needs ``2**x``: a shift of the
+  exponent bits plus a short polynomial (:func:`exp2`), branch-free so that
+  LLVM turns 16 of them into a handful of AVX-512 instructions. ``np.exp``
+  would be a scalar libm call per score.
+- **blocks of ~128 keys.** The softmax of one 16-key page is too short for a
+  vector loop (LLVM's vector body eats 64 floats per pass and would leave 16
+  to the scalar tail), and rescaling the accumulator after every page costs
+  as much as the page itself. So scores of several pages are gathered in one
+  ``[rows, 128]`` buffer before each softmax step.
+- **register blocks.** :func:`tile_scores` computes four query rows x four
+  keys per pass and :func:`accumulate_pv` two rows x four keys, so every
+  vector loaded from memory feeds two to four multiply-adds and the running
+  sums stay in registers (rows come in fours: the driver pads with zero
+  queries). Decode rows are the ``G`` query heads of one kv head.
+- **float16 pages as bits.** Numba 0.68 has no ``float16`` arrays on the CPU
+  (``NotImplementedError: float16``), so the driver passes the pages as
+  ``uint16`` and the loops read each element through :func:`to_f32`: an
+  LLVM ``fpext half -> float`` that becomes ``vcvtph2ps`` (16 values per
+  instruction) on any CPU with F16C, once per element per register block;
+  no widened copy of the page is made.
+- **no software prefetch.** Pages lie anywhere in the arena, so one would
+  expect ``llvm.prefetch`` of the next tile to help. Measured, it does not
+  (whole tiles at once or spread 8 cache lines per loop pass, one tile or
+  one block ahead: the same or up to 5% slower), so the loops stay plain.
 
 ``fastmath`` assumes there are no infinities, so nothing here starts at
 ``-inf``: the running max starts at :data:`EMPTY` (``-1e30``) and masked scores
@@ -28,8 +43,9 @@ has seen nothing yet.
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, types
-from numba.extending import overload
+from numba.extending import intrinsic, overload
 
 from ..config import JIT_OPTIONS
 
@@ -52,86 +68,111 @@ _C6 = np.float32(0.00015403530393381606)
 
 @njit(**JIT_OPTIONS)
 def exp2(x):
-    """``2**x`` for ``x <= 0`` in float32; exactly 0 below ``-126``."""
-    if x < -126.0:
-        return np.float32(0.0)
+    """``2**x`` for ``x <= 0`` in float32; exactly 0 at and below ``-127``.
+
+    No branch, so a loop of them vectorises: below -127 the input is clamped
+    to -127, where ``2**n`` has all exponent bits 0 and the product is 0.
+    """
+    x = max(x, np.float32(-127.0))
     n = np.floor(x + np.float32(0.5))  # nearest integer: 2**x = 2**n * 2**f
     f = x - n  # f in [-0.5, 0.5]
     p = np.float32(1.0) + f * (_C1 + f * (_C2 + f * (_C3 + f * (_C4 + f * (_C5 + f * _C6)))))
-    # 2**n built directly in the exponent bits of a float32
+    # 2**n built directly in the exponent bits of a float32 (n = -127 gives 0.0)
     two_n = np.uint32((np.int32(n) + 127) << 23).view(np.float32)
     return p * two_n
 
 
-@njit(**JIT_OPTIONS)
+# ---------------------------------------------------------------------------
+# float16 -> float32, an LLVM instruction Numba does not expose: a plain-Python
+# twin (for NUMBA_DISABLE_JIT=1) and an @overload that emits the instruction.
+# ---------------------------------------------------------------------------
 def half_to_f32(h):
-    """Widen the bits of one IEEE float16 (a uint16) to float32.
-
-    Moving the 15 low bits up by 13 lines the float16 exponent and mantissa up
-    with float32's; the result is then too small by 2**112 (the difference of
-    the exponent biases), which one multiply fixes, subnormals included.
-    """
-    bits = np.uint32(h)
-    mag = np.uint32((bits & np.uint32(0x7FFF)) << np.uint32(13)).view(np.float32)
-    sign = np.float32(1.0) - np.float32(2.0) * np.float32(bits >> np.uint32(15))
-    return mag * np.float32(5.192296858534828e33) * sign  # 2**112
+    """The float16 whose bits are the uint16 ``h``, as a float32 (exact)."""
+    return np.float32(np.uint16(h).view(np.float16))
 
 
-def tile_f32(tile, buf, n):
-    """The first ``n`` rows of a page tile as float32 ``[>=n, head_dim]``.
+@intrinsic
+def _fpext_half(typingctx, h):
+    """LLVM: ``fpext (bitcast i16 h to half) to float``."""
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
 
-    Plain-Python version (``NUMBA_DISABLE_JIT=1``); the jitted one below
-    returns float32 tiles untouched and widens uint16 (float16 bits) into ``buf``.
-    """
-    if tile.dtype == np.uint16:
-        buf[:n] = tile[:n].view(np.float16)
-        return buf
-    return tile
+    return types.float32(types.uint16), codegen
 
 
-@overload(tile_f32, jit_options=JIT_OPTIONS)
-def _tile_f32_jit(tile, buf, n):
-    if tile.dtype == types.float32:
-        return lambda tile, buf, n: tile  # read the arena in place
+@overload(half_to_f32, jit_options=JIT_OPTIONS)
+def _half_to_f32_jit(h):
+    return lambda h: _fpext_half(h)
 
-    def widen(tile, buf, n):  # [n, D] uint16 -> [n, D] float32 in buf
-        for t in range(n):
-            for d in range(tile.shape[1]):
-                buf[t, d] = half_to_f32(tile[t, d])
-        return buf
 
-    return widen
+def to_f32(x):
+    """One K or V element as float32: unchanged, or widened from float16 bits."""
+    if isinstance(x, np.uint16):
+        return half_to_f32(x)
+    return np.float32(x)
+
+
+@overload(to_f32, jit_options=JIT_OPTIONS)
+def _to_f32_jit(x):
+    if x == types.uint16:
+        return lambda x: _fpext_half(x)
+    return lambda x: x
 
 
 @njit(**JIT_OPTIONS)
-def tile_scores(qt, k, s, n_rows, n_keys):
-    """``s[:n_rows, :n_keys] = qt[:n_rows] @ k[:n_keys].T`` (rows x keys).
+def tile_scores(qt, kp, pid, kvh, s, n_rows, col0, n_keys):
+    """``s[:n_rows, col0:col0+n_keys] = qt[:n_rows] @ kp[pid, kvh, :n_keys].T``.
 
-    Four keys per pass: each query element loaded feeds four dot products.
+    ``n_rows`` is a multiple of 4. Four rows x four keys per pass: each query
+    element loaded feeds four dot products, and so does each key element, so
+    a float16 key is widened once per four rows. The 16 running sums stay in
+    vector registers; each is reduced (summed across its lanes) once.
     """
     D = qt.shape[1]
     t = 0
     while t + 3 < n_keys:
-        k0, k1, k2, k3 = k[t], k[t + 1], k[t + 2], k[t + 3]  # 4 x [D]
-        for r in range(n_rows):
-            qr = qt[r]  # [D]
+        c = col0 + t
+        for r in range(0, n_rows, 4):
+            x00 = x01 = x02 = x03 = x10 = x11 = x12 = x13 = np.float32(0.0)
+            x20 = x21 = x22 = x23 = x30 = x31 = x32 = x33 = np.float32(0.0)
+            for d in range(D):  # x<key><row> += q[row, d] * k[key, d]
+                q0, q1, q2, q3 = qt[r, d], qt[r + 1, d], qt[r + 2, d], qt[r + 3, d]
+                k0 = to_f32(kp[pid, kvh, t, d])
+                x00 += q0 * k0
+                x01 += q1 * k0
+                x02 += q2 * k0
+                x03 += q3 * k0
+                k1 = to_f32(kp[pid, kvh, t + 1, d])
+                x10 += q0 * k1
+                x11 += q1 * k1
+                x12 += q2 * k1
+                x13 += q3 * k1
+                k2 = to_f32(kp[pid, kvh, t + 2, d])
+                x20 += q0 * k2
+                x21 += q1 * k2
+                x22 += q2 * k2
+                x23 += q3 * k2
+                k3 = to_f32(kp[pid, kvh, t + 3, d])
+                x30 += q0 * k3
+                x31 += q1 * k3
+                x32 += q2 * k3
+                x33 += q3 * k3
+            s[r, c], s[r, c + 1], s[r, c + 2], s[r, c + 3] = x00, x10, x20, x30
+            s[r + 1, c], s[r + 1, c + 1], s[r + 1, c + 2], s[r + 1, c + 3] = x01, x11, x21, x31
+            s[r + 2, c], s[r + 2, c + 1], s[r + 2, c + 2], s[r + 2, c + 3] = x02, x12, x22, x32
+            s[r + 3, c], s[r + 3, c + 1], s[r + 3, c + 2], s[r + 3, c + 3] = x03, x13, x23, x33
+        t += 4
+    while t < n_keys:  # the last 0-3 keys of the page, one at a time
+        c = col0 + t
+        for r in range(0, n_rows, 4):
             x0 = x1 = x2 = x3 = np.float32(0.0)
             for d in range(D):
-                qd = qr[d]
-                x0 += qd * k0[d]
-                x1 += qd * k1[d]
-                x2 += qd * k2[d]
-                x3 += qd * k3[d]
-            s[r, t], s[r, t + 1], s[r, t + 2], s[r, t + 3] = x0, x1, x2, x3
-        t += 4
-    while t < n_keys:  # the last 0-3 keys of the page
-        kt = k[t]
-        for r in range(n_rows):
-            qr = qt[r]
-            x = np.float32(0.0)
-            for d in range(D):
-                x += qr[d] * kt[d]
-            s[r, t] = x
+                k0 = to_f32(kp[pid, kvh, t, d])
+                x0 += qt[r, d] * k0
+                x1 += qt[r + 1, d] * k0
+                x2 += qt[r + 2, d] * k0
+                x3 += qt[r + 3, d] * k0
+            s[r, c], s[r + 1, c], s[r + 2, c], s[r + 3, c] = x0, x1, x2, x3
         t += 1
 
 
@@ -152,49 +193,59 @@ def mask_scores(s, row_pos, n_rows, key_pos0, n_keys, window):
 
 @njit(**JIT_OPTIONS)
 def online_softmax(s, m, l, acc, n_rows, n_keys):
-    """Fold one tile's scores into the running (max, sum); rescale ``acc``.
+    """Fold one block's scores into the running (max, sum); rescale ``acc``.
 
     On return ``s[r, :n_keys]`` holds the weights ``p = 2**(s - m_new)`` that
     the ``p @ V`` step adds to the accumulator.
     """
     D = acc.shape[1]
     for r in range(n_rows):
-        sr = s[r]
         m_new = m[r]
         for t in range(n_keys):
-            m_new = max(m_new, sr[t])
+            m_new = max(m_new, s[r, t])
         alpha = exp2(m[r] - m_new)  # how much the old sum and acc shrink
         total = np.float32(0.0)
         for t in range(n_keys):
-            p = exp2(sr[t] - m_new)
-            sr[t] = p
+            p = exp2(s[r, t] - m_new)
+            s[r, t] = p
             total += p
         m[r] = m_new
         l[r] = l[r] * alpha + total
         if alpha != 1.0:
-            ar = acc[r]
             for d in range(D):
-                ar[d] *= alpha
+                acc[r, d] *= alpha
 
 
 @njit(**JIT_OPTIONS)
-def accumulate_pv(p, v, acc, n_rows, n_keys):
-    """``acc[:n_rows] += p[:n_rows, :n_keys] @ v[:n_keys]``, four keys per pass."""
+def accumulate_pv(p, vp, pid, kvh, acc, n_rows, col0, n_keys):
+    """``acc[:n_rows] += p[:n_rows, col0:col0+n_keys] @ vp[pid, kvh, :n_keys]``.
+
+    ``n_rows`` is even. Two rows x four keys per pass: each accumulator
+    element is loaded and stored once per four keys, each (float16) value
+    element widened once per two rows, and the eight weights plus four value
+    vectors still fit in registers (four rows would spill: measured slower).
+    """
     D = acc.shape[1]
     t = 0
     while t + 3 < n_keys:
-        v0, v1, v2, v3 = v[t], v[t + 1], v[t + 2], v[t + 3]  # 4 x [D]
-        for r in range(n_rows):
-            ar = acc[r]  # [D]
-            p0, p1, p2, p3 = p[r, t], p[r, t + 1], p[r, t + 2], p[r, t + 3]
-            for d in range(D):
-                ar[d] += (p0 * v0[d] + p1 * v1[d]) + (p2 * v2[d] + p3 * v3[d])
+        c = col0 + t
+        for r in range(0, n_rows, 2):
+            p00, p01, p02, p03 = p[r, c], p[r, c + 1], p[r, c + 2], p[r, c + 3]
+            p10, p11, p12, p13 = p[r + 1, c], p[r + 1, c + 1], p[r + 1, c + 2], p[r + 1, c + 3]
+            for d in range(D):  # p<row><key>
+                v0 = to_f32(vp[pid, kvh, t, d])
+                v1 = to_f32(vp[pid, kvh, t + 1, d])
+                v2 = to_f32(vp[pid, kvh, t + 2, d])
+                v3 = to_f32(vp[pid, kvh, t + 3, d])
+                acc[r, d] += (p00 * v0 + p01 * v1) + (p02 * v2 + p03 * v3)
+                acc[r + 1, d] += (p10 * v0 + p11 * v1) + (p12 * v2 + p13 * v3)
         t += 4
     while t < n_keys:  # the last 0-3 keys
-        vt = v[t]
-        for r in range(n_rows):
-            ar = acc[r]
-            pt = p[r, t]
+        c = col0 + t
+        for r in range(0, n_rows, 2):
+            p0, p1 = p[r, c], p[r + 1, c]
             for d in range(D):
-                ar[d] += pt * vt[d]
+                v0 = to_f32(vp[pid, kvh, t, d])
+                acc[r, d] += p0 * v0
+                acc[r + 1, d] += p1 * v0
         t += 1
