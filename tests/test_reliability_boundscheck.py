@@ -7,10 +7,9 @@ One subprocess (a fresh interpreter, so the switch is read at import; a fresh
    float16 pages, and compares it with the dense reference: the switch compiles;
 2. calls the private drivers directly with indices that the public validation
    would have refused, and expects ``IndexError`` instead of a silent
-   out-of-bounds read: a bad block-table entry in ``_attend_items`` (a
-   ``prange`` loop: Numba reports the ``IndexError`` as the cause of a
-   ``SystemError``), and a ``query_start_loc`` one entry short in ``_plan``
-   (serial: a plain ``IndexError``).
+   out-of-bounds read: a bad block-table entry reaching the jitted item loop
+   ``_run_items`` through the threaded driver ``_attend_items``, and part
+   buffers one split short handed to the jitted ``_merge_splits``.
 
 Compiling the kernels with checks and without the cache takes ~25 s.
 """
@@ -61,14 +60,18 @@ SCRIPT = textwrap.dedent("""
     bt[0, 0] = 10**6
     lens = case.seq_lens.astype(np.int64)
     qsl = case.qsl.astype(np.int64)
-    items = numba_cpu._plan(lens, qsl, 4, 2, 1, 1, 0, 1)
+    n_q = np.diff(qsl)
+    items = numba_cpu.plan_items(lens, qsl, n_q, 4, 2, 1, 1, 0, 2)
     q2 = case.q.copy()
     T, H, D = q2.shape
-    parts = (np.zeros((1, T, H, D), np.float32), np.full((1, T, H), -1e30, np.float32),
-             np.zeros((1, T, H), np.float32))
+    part_out = np.zeros((1, T, H, D), np.float32)
+    part_lse = np.full((1, T, H), -1e30, np.float32)
     result["attend_items"] = attempt(lambda: numba_cpu._attend_items(
-        q2, k, v, bt, lens, qsl, items, 0, *parts))
-    result["plan"] = attempt(lambda: numba_cpu._plan(lens, qsl[:-1], 4, 2, 1, 1, 0, 1))
+        q2, k, v, bt, lens, qsl, items, 2, 2, 0, part_out, part_lse))
+    # The merge told there are 2 split parts while the buffers hold 1.
+    out, lse = np.zeros((T, H, D), np.float32), np.zeros((T, H), np.float32)
+    result["merge"] = attempt(lambda: numba_cpu._merge_splits(
+        np.zeros((2, T, H, D), np.float32), part_lse, out, lse))
     print("RESULT" + json.dumps(result))
 """)
 
@@ -87,9 +90,8 @@ def test_boundscheck_switch_compiles_and_catches_bad_indices(tmp_path):
     assert res["boundscheck"] is True and "'boundscheck': True" in res["jit_options"]
     assert "'cache': False" in res["jit_options"]
     assert res["error"] <= res["tol"]
-    kind, cause, _ = res["attend_items"]
-    assert "IndexError" in (kind, cause), res["attend_items"]
-    assert res["plan"][0] == "IndexError", res["plan"]
+    assert res["attend_items"][0] == "IndexError", res["attend_items"]
+    assert res["merge"][0] == "IndexError", res["merge"]
 
 
 def test_boundscheck_is_off_by_default():
