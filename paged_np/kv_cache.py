@@ -195,14 +195,14 @@ class PagedKVCache:
         ref = self.pool._ref  # read-only peek; the pool validated these ids when they came
         cow = [i for i in range(start // ps, min(len(bt), pages_needed)) if ref[bt[i]] > 1]
         n_new = max(0, pages_needed - len(bt)) + len(cow)
-        if n_new > self.pool.num_available:
+        if n_new and n_new > self.pool.num_available:
             raise OutOfPages(
                 f"sequence {seq_id!r} needs {n_new} more pages for n={n} tokens, only "
                 f"{self.pool.num_available} free or cached"
             )
         # Commit: nothing below can fail.
         self._actor = seq_id
-        fresh = self.pool.allocate_many(n_new)
+        fresh = self.pool.allocate_many(n_new) if n_new else ()
         for i, dst in zip(cow, fresh):
             src = bt[i]
             self._arena.copy_page(src, dst)
@@ -433,6 +433,8 @@ def _num_released(block_table: list) -> int:
 
 
 def _count(n, name: str) -> int:
+    if type(n) is int and n >= 1:  # the common case, checked cheaply
+        return n
     if isinstance(n, bool) or not hasattr(n, "__index__"):
         raise DTypeError(f"{name} must be an int, got {type(n).__name__}")
     if int(n) < 1:
