@@ -36,11 +36,13 @@ Three layers, as everywhere in paged_np: ``paged_attention`` validates, then
 
 Where the time goes (decode, context 2048, float32, page 16, 2 cores):
 per thread, the arithmetic of one page (K and V tiles, 16 KiB) takes about
-0.65 us when the tiles are in cache, and the page costs about 2.1 us when
-they come from memory, while a plain sum over the same tiles in the same
-order reads at over 80% of the streaming bandwidth. So the loads do not
-overlap the arithmetic; software prefetch and reading K and V tiles side by
-side were tried and measured no gain (see :mod:`.numba_kernels`).
+0.55 us when the tiles are in cache, and a plain sum over the same tiles in
+the same order reads one page pair per ~1.1 us per thread. Without help the
+kernel took ~2.2 us per page pair: worse than arithmetic plus reading, since
+the arithmetic between loads leaves too few of them in flight. Prefetching the
+next page into L2 while computing on this one (see
+:mod:`.numba_kernels`) overlaps the two: ~1.4 us per page pair, within ~25% of
+the plain sum.
 
 Simplified compared with vLLM/FlashInfer: no hand-written assembly
 micro-kernels (the loops are written so LLVM vectorises them), no FP8, no
@@ -158,14 +160,16 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh, klo, khi,
         n = min(khi, blk_hi * P) - key0  # keys of the block (those < klo get masked)
         for j in range(blk, blk_hi):  # scores of every page: s[:R4, :n]
             c = (j - blk) * P
-            tile_scores(qt, k_pages, bt_row[j], kvh, s, R4, c, min(n - c, P))
+            nxt = bt_row[j + 1] if j + 1 < page_hi else -1  # page to prefetch meanwhile
+            tile_scores(qt, k_pages, bt_row[j], kvh, s, R4, c, min(n - c, P), nxt)
         # Mask only blocks that some row cannot fully see (causal edge, window).
         if key0 + n - 1 > first_pos or (window > 0 and key0 <= last_pos - window):
             mask_scores(s, row_pos, R4, key0, n, window)
         online_softmax(s, m, l, acc, R4, n)
         for j in range(blk, blk_hi):  # acc[:R4] += p[:R4, :n] @ V
             c = (j - blk) * P
-            accumulate_pv(s, v_pages, bt_row[j], kvh, acc, R4, c, min(n - c, P))
+            nxt = bt_row[j + 1] if j + 1 < page_hi else -1
+            accumulate_pv(s, v_pages, bt_row[j], kvh, acc, R4, c, min(n - c, P), nxt)
     for i in range(nq):
         for g in range(G):
             r = i * G + g
