@@ -181,14 +181,14 @@ def prefetch_rows(pages, pid, kvh, t0, t1):
 
 
 @njit(**JIT_OPTIONS)
-def tile_scores(qt, kp, pid, kvh, s, n_rows, col0, n_keys, next_pid):
-    """``s[:n_rows, col0:col0+n_keys] = qt[:n_rows] @ kp[pid, kvh, :n_keys].T``.
+def tile_scores(qt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
+    """``s[r0:r1, col0:col0+n_keys] = qt[r0:r1] @ kp[pid, kvh, :n_keys].T``.
 
     While it reads keys ``t..t+3`` it prefetches rows ``t..t+3`` of the next
     page's tile ``kp[next_pid, kvh]`` (``next_pid < 0``: none), 32 cache lines
     for 128 multiply-adds, so the requests spread over the arithmetic.
 
-    ``n_rows`` is a multiple of 4. Four rows x four keys per pass: each query
+    ``r1 - r0`` is a multiple of 4. Four rows x four keys per pass: each query
     element loaded feeds four dot products, and so does each key element, so
     a float16 key is widened once per four rows. The 16 running sums stay in
     vector registers; each is reduced (summed across its lanes) once.
@@ -198,7 +198,7 @@ def tile_scores(qt, kp, pid, kvh, s, n_rows, col0, n_keys, next_pid):
     while t + 3 < n_keys:
         prefetch_rows(kp, next_pid, kvh, t, t + 4)
         c = col0 + t
-        for r in range(0, n_rows, 4):
+        for r in range(r0, r1, 4):
             x00 = x01 = x02 = x03 = x10 = x11 = x12 = x13 = np.float32(0.0)
             x20 = x21 = x22 = x23 = x30 = x31 = x32 = x33 = np.float32(0.0)
             for d in range(D):  # x<key><row> += q[row, d] * k[key, d]
@@ -231,7 +231,7 @@ def tile_scores(qt, kp, pid, kvh, s, n_rows, col0, n_keys, next_pid):
     while t < n_keys:  # the last 0-3 keys of the page, one at a time
         prefetch_rows(kp, next_pid, kvh, t, t + 1)
         c = col0 + t
-        for r in range(0, n_rows, 4):
+        for r in range(r0, r1, 4):
             x0 = x1 = x2 = x3 = np.float32(0.0)
             for d in range(D):
                 k0 = to_f32(kp[pid, kvh, t, d])
@@ -284,13 +284,13 @@ def online_softmax(s, m, l, acc, n_rows, n_keys):
 
 
 @njit(**JIT_OPTIONS)
-def accumulate_pv(p, vp, pid, kvh, acc, n_rows, col0, n_keys, next_pid):
-    """``acc[:n_rows] += p[:n_rows, col0:col0+n_keys] @ vp[pid, kvh, :n_keys]``.
+def accumulate_pv(p, vp, pid, kvh, acc, r0, r1, col0, n_keys, next_pid):
+    """``acc[r0:r1] += p[r0:r1, col0:col0+n_keys] @ vp[pid, kvh, :n_keys]``.
 
     Prefetches the next page's value tile ``vp[next_pid, kvh]`` as it goes,
     like :func:`tile_scores`.
 
-    ``n_rows`` is even. Two rows x four keys per pass: each accumulator
+    ``r1 - r0`` is even. Two rows x four keys per pass: each accumulator
     element is loaded and stored once per four keys, each (float16) value
     element widened once per two rows, and the eight weights plus four value
     vectors still fit in registers (four rows would spill: measured slower).
@@ -300,7 +300,7 @@ def accumulate_pv(p, vp, pid, kvh, acc, n_rows, col0, n_keys, next_pid):
     while t + 3 < n_keys:
         prefetch_rows(vp, next_pid, kvh, t, t + 4)
         c = col0 + t
-        for r in range(0, n_rows, 2):
+        for r in range(r0, r1, 2):
             p00, p01, p02, p03 = p[r, c], p[r, c + 1], p[r, c + 2], p[r, c + 3]
             p10, p11, p12, p13 = p[r + 1, c], p[r + 1, c + 1], p[r + 1, c + 2], p[r + 1, c + 3]
             for d in range(D):  # p<row><key>
@@ -314,7 +314,7 @@ def accumulate_pv(p, vp, pid, kvh, acc, n_rows, col0, n_keys, next_pid):
     while t < n_keys:  # the last 0-3 keys
         prefetch_rows(vp, next_pid, kvh, t, t + 1)
         c = col0 + t
-        for r in range(0, n_rows, 2):
+        for r in range(r0, r1, 2):
             p0, p1 = p[r, c], p[r + 1, c]
             for d in range(D):
                 v0 = to_f32(vp[pid, kvh, t, d])
