@@ -5,11 +5,12 @@ block table page by page and keeps an online softmax. This module does the same
 arithmetic, but arranged for a 2-core machine whose memory bus is the limit:
 
 1. **Work items.** One item is a tile of up to ``q_tile`` queries of one
-   sequence, for one kv head, over one range of keys. All ``G = num_heads //
+   sequence, for one kv head (two for decode, see
+   :func:`choose_heads_per_item`), over one range of keys. All ``G = num_heads //
    num_kv_heads`` query heads that share the kv head (GQA) ride in the same
    item as ``q_tile * G`` *rows*, so every K/V page tile is read from memory
    once per item, not once per query head. Decode is ``q_tile = 1``: a row per
-   query head, one item per (sequence, kv head).
+   query head, one item per (sequence, pair of kv heads).
 2. **Reading the arena in place.** Per kv head a page is a contiguous
    ``[page_size, head_dim]`` tile (HND layout); the kernel reads it where it
    lies, following the block table. Nothing is gathered, and nothing
@@ -35,14 +36,15 @@ Three layers, as everywhere in paged_np: ``paged_attention`` validates, then
 :mod:`paged_np.attention.numba_kernels`.
 
 Where the time goes (decode, context 2048, float32, page 16, 2 cores):
-per thread, the arithmetic of one page (K and V tiles, 16 KiB) takes about
-0.55 us when the tiles are in cache, and a plain sum over the same tiles in
-the same order reads one page pair per ~1.1 us per thread. Without help the
-kernel took ~2.2 us per page pair: worse than arithmetic plus reading, since
-the arithmetic between loads leaves too few of them in flight. Prefetching the
-next page into L2 while computing on this one (see
-:mod:`.numba_kernels`) overlaps the two: ~1.4 us per page pair, within ~25% of
-the plain sum.
+per thread, the arithmetic of one page (K and V tiles of one kv head, 16 KiB)
+takes about 0.55 us when the tiles are in cache, and a plain sum over the
+same tiles in the same order reads a page pair per ~1.1 us per thread.
+Without help the kernel took ~2.2 us per page pair, more than arithmetic plus
+reading: the arithmetic between the loads leaves too few of them in flight.
+Two things bring it to ~1.3 us, near the plain sum: prefetching the next
+page into L2 while computing on this one (see :mod:`.numba_kernels`), and
+decode items of two kv heads (:func:`choose_heads_per_item`), whose tiles lie
+side by side, so memory is read in 16 KiB runs rather than 8 KiB ones.
 
 Simplified compared with vLLM/FlashInfer: no hand-written assembly
 micro-kernels (the loops are written so LLVM vectorises them), no FP8, no

@@ -39,9 +39,11 @@ The tricks that make these loops fast:
   no gain at all: an L1 request holds one of the core's few L1 miss buffers
   (about two dozen) until the line arrives, the same buffers the demand loads
   need, so it only moves the wait around. A request into L2 is tracked by
-  L2's own, larger, set of buffers and the loop runs on. Measured (decode,
-  context 2048, float32, 2 threads): 10.2 ms without prefetch, 9.3 ms with
-  ``prefetcht0``, 5.2 ms with ``prefetcht1``; one page ahead beat two or three.
+  L2's own, larger, set of buffers and the loop runs on. Measured on the
+  bench's decode case (context 2048, float32, 2 threads, one process): no
+  prefetch 9.2 ms, ``prefetcht0`` 8.2-9.2 ms, ``prefetcht1`` 6.0 ms;
+  ``prefetcht2`` the same as ``prefetcht1``, and two or three pages ahead no
+  better than one.
 
 ``fastmath`` assumes there are no infinities, so nothing here starts at
 ``-inf``: the running max starts at :data:`EMPTY` (``-1e30``) and masked scores
