@@ -63,6 +63,28 @@ def test_chunked_prefill_any_tile_and_split(q_tile, splits):
     assert_matches_reference(case, out, lse, window=6)
 
 
+@pytest.mark.parametrize("num_heads", [4, 6, 16])  # G = 2, 3 (rows padded to 4), 8
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("window", [0, 7])
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
+def test_decode_items_of_two_kv_heads(num_heads, splits, window, kv_dtype):
+    """Items that take two kv heads each give the one-head answer (and the reference)."""
+    case = make_paged_case([45, 2, 30], num_heads=num_heads, num_kv_heads=2, head_dim=16,
+                           page_size=4, kv_dtype=kv_dtype, seed=num_heads + splits)
+    one_out, one_lse = run(case, window=window, num_splits=splits, heads_per_item=1)
+    out, lse = run(case, window=window, num_splits=splits, heads_per_item=2)
+    np.testing.assert_allclose(out, one_out, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(lse, one_lse, rtol=0, atol=2e-6)
+    assert_matches_reference(case, out, lse, window)
+
+
+def test_choose_heads_per_item_pairs_only_decode_with_items_to_spare():
+    assert numba_cpu.choose_heads_per_item(8, 8, 1, 2) == 2  # the bench case: 32 items
+    assert numba_cpu.choose_heads_per_item(1, 8, 1, 2) == 1  # 4 pairs cannot fill 2 threads
+    assert numba_cpu.choose_heads_per_item(8, 7, 1, 2) == 1  # odd kv heads
+    assert numba_cpu.choose_heads_per_item(64, 8, 16, 2) == 1  # prefill tiles
+
+
 @pytest.mark.parametrize("page_size", [1, 8, 16, 32])
 def test_mqa_decode_with_poisoned_slots(page_size):
     """MQA (one kv head), NaN in every unused slot and padding page, huge pad ids."""

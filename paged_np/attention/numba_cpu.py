@@ -5,11 +5,12 @@ block table page by page and keeps an online softmax. This module does the same
 arithmetic, but arranged for a 2-core machine whose memory bus is the limit:
 
 1. **Work items.** One item is a tile of up to ``q_tile`` queries of one
-   sequence, for one kv head, over one range of keys. All ``G = num_heads //
+   sequence, for one kv head (two for decode, see
+   :func:`choose_heads_per_item`), over one range of keys. All ``G = num_heads //
    num_kv_heads`` query heads that share the kv head (GQA) ride in the same
    item as ``q_tile * G`` *rows*, so every K/V page tile is read from memory
    once per item, not once per query head. Decode is ``q_tile = 1``: a row per
-   query head, one item per (sequence, kv head).
+   query head, one item per (sequence, pair of kv heads).
 2. **Reading the arena in place.** Per kv head a page is a contiguous
    ``[page_size, head_dim]`` tile (HND layout); the kernel reads it where it
    lies, following the block table. Nothing is gathered, and nothing
@@ -35,12 +36,15 @@ Three layers, as everywhere in paged_np: ``paged_attention`` validates, then
 :mod:`paged_np.attention.numba_kernels`.
 
 Where the time goes (decode, context 2048, float32, page 16, 2 cores):
-per thread, the arithmetic of one page (K and V tiles, 16 KiB) takes about
-0.65 us when the tiles are in cache, and the page costs about 2.1 us when
-they come from memory, while a plain sum over the same tiles in the same
-order reads at over 80% of the streaming bandwidth. So the loads do not
-overlap the arithmetic; software prefetch and reading K and V tiles side by
-side were tried and measured no gain (see :mod:`.numba_kernels`).
+per thread, the arithmetic of one page (K and V tiles of one kv head, 16 KiB)
+takes about 0.55 us when the tiles are in cache, and a plain sum over the
+same tiles in the same order reads a page pair per ~1.1 us per thread.
+Without help the kernel took ~2.2 us per page pair, more than arithmetic plus
+reading: the arithmetic between the loads leaves too few of them in flight.
+Two things bring it to ~1.3 us, near the plain sum: prefetching the next
+page into L2 while computing on this one (see :mod:`.numba_kernels`), and
+decode items of two kv heads (:func:`choose_heads_per_item`), whose tiles lie
+side by side, so memory is read in 16 KiB runs rather than 8 KiB ones.
 
 Simplified compared with vLLM/FlashInfer: no hand-written assembly
 micro-kernels (the loops are written so LLVM vectorises them), no FP8, no
@@ -83,14 +87,15 @@ _B, _Q0, _NQ, _KVH, _KLO, _KHI, _SPLIT = range(7)
 
 
 def plan_items(seq_lens, query_start_loc, n_q, page_size, num_kv_heads, q_tile, num_splits,
-               window, num_threads):
+               window, num_threads, heads_per_item=1):
     """Work items, ordered so that each thread's contiguous block costs about the same.
 
     Plain NumPy (a few dozen items for a decode step; nothing to compile).
     ``n_q`` ``[B]``: queries per sequence the kernel handles (0: none).
     Returns int64 ``[num_threads * per_thread, 7]``: sequence, first query
-    token, number of queries, kv head, keys ``[lo, hi)`` and split part.
-    Rows with 0 queries are padding.
+    token, number of queries, first kv head (the item takes ``heads_per_item``
+    of them, which must divide ``num_kv_heads``), keys ``[lo, hi)`` and split
+    part. Rows with 0 queries are padding.
     """
     n_tiles = -(-n_q // q_tile)  # [B] query tiles per sequence
     b = np.repeat(np.arange(len(n_q)), n_tiles)  # [tiles] sequence of each tile
@@ -102,13 +107,13 @@ def plan_items(seq_lens, query_start_loc, n_q, page_size, num_kv_heads, q_tile, 
     hi = p_first + nq  # one past the last query's position
     page_lo = lo // page_size
     per = -(-((hi - 1) // page_size + 1 - page_lo) // num_splits)  # [tiles] pages per part
-    # Every (tile, split part, kv head) is an item: fill a [tiles, S, Hkv, 7] grid.
-    t3 = (slice(None), None, None)  # a [tiles] column broadcast over (S, Hkv)
+    # Every (tile, split part, group of kv heads) is an item: fill a [tiles, S, Hkv/hpi, 7] grid.
+    t3 = (slice(None), None, None)  # a [tiles] column broadcast over (S, kv head groups)
     split = np.arange(num_splits)[None, :, None]
-    grid = np.empty((len(b), num_splits, num_kv_heads, 7), np.int64)
+    grid = np.empty((len(b), num_splits, num_kv_heads // heads_per_item, 7), np.int64)
     grid[..., _B] = b[t3]
     grid[..., _Q0] = (query_start_loc[b] + i0)[t3]
-    grid[..., _KVH] = np.arange(num_kv_heads)
+    grid[..., _KVH] = np.arange(0, num_kv_heads, heads_per_item)
     grid[..., _SPLIT] = split
     grid[..., _KLO] = np.maximum(lo[t3], (page_lo[t3] + split * per[t3]) * page_size)
     grid[..., _KHI] = np.minimum(hi[t3], (page_lo[t3] + (split + 1) * per[t3]) * page_size)
@@ -125,11 +130,12 @@ def plan_items(seq_lens, query_start_loc, n_q, page_size, num_kv_heads, q_tile, 
 
 
 @njit(**JIT_OPTIONS)
-def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh, klo, khi, window,
+def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, klo, khi, window,
                  out, lse, qt, row_pos, s, m, l, acc):
-    """One work item: ``nq`` queries x ``G`` heads against keys ``[klo, khi)``.
+    """One work item: ``nq`` queries x ``n_kv * G`` heads against keys ``[klo, khi)``.
 
-    Writes the normalised output ``out[q0:q0+nq, kvh*G:(kvh+1)*G]`` and its
+    The item covers kv heads ``kvh0 .. kvh0 + n_kv - 1``. Writes the
+    normalised output ``out[q0:q0+nq, kvh0*G:(kvh0+n_kv)*G]`` and its
     log-sum-exp (natural log; :data:`EMPTY` for a row that saw no key).
     The rest are per-thread scratch arrays, sized for the largest item.
     """
@@ -137,48 +143,61 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh, klo, khi,
     P = k_pages.shape[2]
     G = H // k_pages.shape[1]
     KB = s.shape[1]  # keys per block: a whole number of pages
-    R = nq * G  # rows: (query i, head g) -> r = i * G + g
+    R = nq * G  # rows of one kv head: (query i, head g) -> r = i * G + g
     R4 = (R + 3) // 4 * 4  # the helpers take rows in fours: pad with zero queries
+    RT = n_kv * R4  # all rows: kv head h owns rows h*R4 .. h*R4 + R4 - 1
     last_pos = first_pos + nq - 1
     # Plain loops, not slice assignments: each slice-assignment variant costs
     # Numba about a second of compile time (measured), and these are tiny.
-    for r in range(R4):
+    for rt in range(RT):
+        h, r = rt // R4, rt % R4
         i = min(r // G, nq - 1)  # padding rows: zero queries at the last position
-        row_pos[r] = first_pos + i
-        m[r] = EMPTY  # running max (log2 units)
-        l[r] = 0.0  # running sum of weights
+        row_pos[rt] = first_pos + i
+        m[rt] = EMPTY  # running max (log2 units)
+        l[rt] = 0.0  # running sum of weights
         for d in range(D):
-            qt[r, d] = q2[q0 + i, kvh * G + r % G, d] if r < R else 0.0  # [R4, D]
-            acc[r, d] = 0.0  # running sum of weight * v   [R4, D]
+            qt[rt, d] = q2[q0 + i, (kvh0 + h) * G + r % G, d] if r < R else 0.0  # [RT, D]
+            acc[rt, d] = 0.0  # running sum of weight * v   [RT, D]
     page_lo, page_hi = klo // P, (khi - 1) // P + 1
     PB = KB // P  # pages per block
     for blk in range(page_lo, page_hi, PB):
         blk_hi = min(blk + PB, page_hi)
         key0 = blk * P  # position of the block's first key
         n = min(khi, blk_hi * P) - key0  # keys of the block (those < klo get masked)
-        for j in range(blk, blk_hi):  # scores of every page: s[:R4, :n]
+        for j in range(blk, blk_hi):  # scores of every page: s[:RT, :n]
             c = (j - blk) * P
-            tile_scores(qt, k_pages, bt_row[j], kvh, s, R4, c, min(n - c, P))
+            nxt = bt_row[j + 1] if j + 1 < page_hi else -1  # page to prefetch meanwhile
+            for h in range(n_kv):  # the kv heads' tiles of a page lie side by side
+                tile_scores(qt, k_pages, bt_row[j], kvh0 + h, s, h * R4, (h + 1) * R4, c,
+                            min(n - c, P), nxt)
         # Mask only blocks that some row cannot fully see (causal edge, window).
         if key0 + n - 1 > first_pos or (window > 0 and key0 <= last_pos - window):
-            mask_scores(s, row_pos, R4, key0, n, window)
-        online_softmax(s, m, l, acc, R4, n)
-        for j in range(blk, blk_hi):  # acc[:R4] += p[:R4, :n] @ V
+            mask_scores(s, row_pos, RT, key0, n, window)
+        online_softmax(s, m, l, acc, RT, n)
+        for j in range(blk, blk_hi):  # acc[:RT] += p[:RT, :n] @ V
             c = (j - blk) * P
-            accumulate_pv(s, v_pages, bt_row[j], kvh, acc, R4, c, min(n - c, P))
-    for i in range(nq):
-        for g in range(G):
-            r = i * G + g
-            inv = np.float32(1.0) / l[r] if l[r] > 0 else np.float32(0.0)
-            for d in range(D):
-                out[q0 + i, kvh * G + g, d] = acc[r, d] * inv
-            lse[q0 + i, kvh * G + g] = (m[r] + np.log2(l[r])) * LN2 if l[r] > 0 else EMPTY
+            nxt = bt_row[j + 1] if j + 1 < page_hi else -1
+            for h in range(n_kv):
+                accumulate_pv(s, v_pages, bt_row[j], kvh0 + h, acc, h * R4, (h + 1) * R4, c,
+                              min(n - c, P), nxt)
+    for h in range(n_kv):
+        for i in range(nq):
+            for g in range(G):
+                r = h * R4 + i * G + g
+                hq = (kvh0 + h) * G + g  # query head
+                inv = np.float32(1.0) / l[r] if l[r] > 0 else np.float32(0.0)
+                for d in range(D):
+                    out[q0 + i, hq, d] = acc[r, d] * inv
+                lse[q0 + i, hq] = (m[r] + np.log2(l[r])) * LN2 if l[r] > 0 else EMPTY
 
 
 @njit(**JIT_OPTIONS)
 def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items, w0, w1,
-               max_rows, window, part_out, part_lse):
+               max_rows, window, part_out, part_lse, heads_per_item):
     """Items ``w0:w1`` of the plan, one after the other, sharing one set of scratch arrays.
+
+    ``max_rows``: the most rows (queries x G) an item has per kv head; each
+    item takes ``heads_per_item`` kv heads.
 
     ``q2``: queries already multiplied by ``scale * log2(e)`` ``[T, H, D]``.
     Writes ``part_out [S, T, H, D]`` and ``part_lse [S, T, H]``, one slice per
@@ -187,13 +206,13 @@ def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, it
     D = q2.shape[2]
     P = k_pages.shape[2]
     KB = max(1, BLOCK_KEYS // P) * P  # keys per block
-    R4 = (max_rows + 3) // 4 * 4
-    qt = np.empty((R4, D), np.float32)  # queries of the item   [R4, D]
-    row_pos = np.empty(R4, np.int64)  # each row's query position
-    s = np.empty((R4, KB), np.float32)  # scores, then weights  [R4, KB]
-    m = np.empty(R4, np.float32)
-    l = np.empty(R4, np.float32)
-    acc = np.empty((R4, D), np.float32)
+    RT = (max_rows + 3) // 4 * 4 * heads_per_item
+    qt = np.empty((RT, D), np.float32)  # queries of the item   [RT, D]
+    row_pos = np.empty(RT, np.int64)  # each row's query position
+    s = np.empty((RT, KB), np.float32)  # scores, then weights  [RT, KB]
+    m = np.empty(RT, np.float32)
+    l = np.empty(RT, np.float32)
+    acc = np.empty((RT, D), np.float32)
     for w in range(w0, w1):
         it = items[w]
         b, q0, nq = it[_B], it[_Q0], it[_NQ]
@@ -202,12 +221,12 @@ def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, it
         n_q = query_start_loc[b + 1] - query_start_loc[b]
         first_pos = seq_lens[b] - n_q + (q0 - query_start_loc[b])
         _attend_item(q2, k_pages, v_pages, block_tables[b], first_pos, q0, nq, it[_KVH],
-                     it[_KLO], it[_KHI], window, part_out[it[_SPLIT]], part_lse[it[_SPLIT]],
-                     qt, row_pos, s, m, l, acc)
+                     heads_per_item, it[_KLO], it[_KHI], window, part_out[it[_SPLIT]],
+                     part_lse[it[_SPLIT]], qt, row_pos, s, m, l, acc)
 
 
 def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
-                  num_threads, max_rows, window, part_out, part_lse):
+                  num_threads, max_rows, window, part_out, part_lse, heads_per_item=1):
     """The parallel driver: thread ``th`` runs block ``th`` of the plan.
 
     ``items`` holds one contiguous block of rows per thread (see
@@ -220,7 +239,7 @@ def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
     """
     per_thread = items.shape[0] // num_threads
     args = (q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items)
-    tail = (max_rows, window, part_out, part_lse)
+    tail = (max_rows, window, part_out, part_lse, heads_per_item)
     futures = [_pool(num_threads).submit(_run_items, *args, th * per_thread,
                                          (th + 1) * per_thread, *tail)
                for th in range(1, num_threads)]
@@ -267,6 +286,21 @@ def _merge_splits(part_out, part_lse, out, lse):
             lse[t, h] = M + np.log(total)
 
 
+def choose_heads_per_item(n_tiles: int, num_kv_heads: int, q_tile: int, num_threads: int) -> int:
+    """Decode items take two kv heads when that still leaves every thread a few items.
+
+    A page's tiles of kv heads ``h`` and ``h + 1`` lie side by side in the
+    arena (``[num_pages, num_kv_heads, page_size, head_dim]``), so one item
+    reading both streams 16 KiB runs instead of two 8 KiB ones: the summing
+    reader goes from 26 to 31 GB/s and decode from ~5.8 to ~5.1 ms at context
+    2048 (measured). Prefill items (``q_tile > 1``) already have rows enough.
+    """
+    pairs = n_tiles * (num_kv_heads // 2)
+    if q_tile == 1 and num_kv_heads % 2 == 0 and pairs >= ITEMS_PER_THREAD * num_threads:
+        return 2
+    return 1
+
+
 def choose_num_splits(n_items: int, max_pages: int, num_threads: int) -> int:
     """Split-K factor: enough parts to give every thread a few items."""
     target = ITEMS_PER_THREAD * num_threads
@@ -278,14 +312,15 @@ def choose_num_splits(n_items: int, max_pages: int, num_threads: int) -> int:
 
 def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
             sliding_window, return_lse, *, num_splits=None, q_tile=None,
-            blas_min_queries=BLAS_MIN_QUERIES):
+            heads_per_item=None, blas_min_queries=BLAS_MIN_QUERIES):
     """Backend entry (validated arguments, see the contract in DESIGN.md).
 
     Sequences with at least ``blas_min_queries`` queries go to
     :func:`paged_np.attention.numba_prefill.attend_sequence` (BLAS); the rest
-    to the kernel here. ``num_splits`` and ``q_tile`` override the kernel's
-    automatic choices (tests use them to force split-K); ``None`` picks them
-    from the shapes and ``numba.get_num_threads()``.
+    to the kernel here. ``num_splits``, ``q_tile`` and ``heads_per_item``
+    override the kernel's automatic choices (tests use them to force split-K
+    or pairs of kv heads); ``None`` picks them from the shapes and
+    ``numba.get_num_threads()``.
     """
     T, H, D = q.shape
     out = np.zeros((T, H, D), np.float32)
@@ -300,7 +335,7 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     # The kernel first: a split-K merge rewrites all T rows, BLAS then fills its own.
     if in_kernel.any() and n_q[in_kernel].max() > 0:
         _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, np.where(
-            in_kernel, n_q, 0), scale, window, num_splits, q_tile, out, lse)
+            in_kernel, n_q, 0), scale, window, num_splits, q_tile, heads_per_item, out, lse)
     for b in np.flatnonzero(~in_kernel):  # long prefill chunks: BLAS
         attend_sequence(q, k_pages, v_pages, block_tables[b], int(seq_lens[b]), int(qsl[b]),
                         int(n_q[b]), scale, window, out, lse)
@@ -308,7 +343,7 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
 
 
 def _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, n_q, scale, window,
-                    num_splits, q_tile, out, lse):
+                    num_splits, q_tile, heads_per_item, out, lse):
     """The Numba kernel on the sequences with ``n_q > 0``; writes their rows of out, lse."""
     T, H, D = q.shape
     num_kv_heads, page_size = k_pages.shape[1], k_pages.shape[2]
@@ -318,12 +353,15 @@ def _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, n_q, scale
     if q_tile is None:  # decode: one query per item; prefill: ~PREFILL_ROWS rows
         q_tile = 1 if n_q.max() <= 1 else max(1, PREFILL_ROWS // G)
     threads = numba.get_num_threads()
+    n_tiles = int(((n_q + q_tile - 1) // q_tile).sum())
+    if heads_per_item is None:
+        heads_per_item = choose_heads_per_item(n_tiles, num_kv_heads, int(q_tile), threads)
     if num_splits is None:
-        n_items = int(((n_q + q_tile - 1) // q_tile).sum()) * num_kv_heads
         max_pages = int(-(-int(seq_lens[n_q > 0].max()) // page_size))
-        num_splits = choose_num_splits(n_items, max_pages, threads)
+        num_splits = choose_num_splits(n_tiles * num_kv_heads // heads_per_item, max_pages,
+                                       threads)
     items = plan_items(seq_lens, qsl, n_q, page_size, num_kv_heads, int(q_tile),
-                       int(num_splits), window, threads)
+                       int(num_splits), window, threads, int(heads_per_item))
     q2 = np.multiply(q, np.float32(scale) * LOG2E, dtype=np.float32)  # log2 units
     if num_splits == 1:  # the items write the answer directly
         part_out, part_lse = out[None], lse[None]
@@ -331,6 +369,6 @@ def _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, n_q, scale
         part_out = np.zeros((num_splits, T, H, D), np.float32)
         part_lse = np.full((num_splits, T, H), EMPTY, np.float32)
     _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, qsl, items, threads,
-                  int(q_tile) * G, window, part_out, part_lse)
+                  int(q_tile) * G, window, part_out, part_lse, int(heads_per_item))
     if num_splits > 1:
         _merge_splits(part_out, part_lse, out, lse)  # writes every token's rows
