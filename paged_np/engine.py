@@ -243,25 +243,28 @@ class Engine:
 
     def _build_batch(self, scheduled) -> ForwardBatch:
         """Concatenate the step's tokens (varlen layout) and fetch the block tables."""
-        counts = np.fromiter((n for _, n, _ in scheduled), np.int64, len(scheduled))  # [B]
-        starts = np.fromiter((s.num_computed for s, _, _ in scheduled), np.int64,
-                             len(scheduled))                     # [B] first new position
+        # One pass in Python over the scheduled sequences, then NumPy on whole arrays.
+        counts, starts, ends, tokens = [], [], [], []
+        for s, n, _ in scheduled:
+            c = s.num_computed
+            counts.append(n)                                     # new tokens this step
+            starts.append(c)                                     # first new position
+            ends.append(s.num_tokens)                            # tokens it knows
+            tokens += s.token_ids[c:c + n]
+        counts = np.array(counts, np.int64)                      # [B]
+        starts = np.array(starts, np.int64)                      # [B]
         qsl = np.zeros(len(scheduled) + 1, dtype=np.int32)       # [B+1]
         np.cumsum(counts, out=qsl[1:])
         T = int(qsl[-1])
-        tokens = np.fromiter(itertools.chain.from_iterable(
-            s.token_ids[c:c + n] for s, n, _ in scheduled for c in (s.num_computed,)),
-            np.int64, T)                                         # [T]
         # Position of token t of sequence b: starts[b] + (t - qsl[b]).
         positions = np.repeat(starts - qsl[:-1], counts) + np.arange(T)  # [T]
         slots = np.concatenate([slots for _, _, slots in scheduled])     # [T] int64
         meta = self.cache.batch([s.seq_id for s, _, _ in scheduled])
         # Sequences that reach the end of what they know sample a token now.
-        samples = (starts + counts) == np.fromiter(
-            (s.num_tokens for s, _, _ in scheduled), np.int64, len(scheduled))  # [B] bool
+        samples = (starts + counts) == np.array(ends, np.int64)  # [B] bool
         logits_indices = qsl[1:][samples].astype(np.int64) - 1   # [S] last token of each
-        return ForwardBatch(tokens, positions, slots, qsl, meta.block_tables, meta.seq_lens,
-                            logits_indices)
+        return ForwardBatch(np.array(tokens, np.int64), positions, slots, qsl,
+                            meta.block_tables, meta.seq_lens, logits_indices)
 
     def _postprocess(self, scheduled, logits) -> None:
         """Record written tokens, release window pages, sample, fork, finish."""
