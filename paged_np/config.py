@@ -27,12 +27,12 @@ from .errors import DTypeError, InvalidArgument
 # ---------------------------------------------------------------------------
 BOUNDSCHECK = os.environ.get("PAGED_NP_BOUNDSCHECK", "0") not in ("", "0")
 
-#: Options for the small serial helpers.
+#: Options for every jitted kernel.
 #: ``fastmath`` lets LLVM reorder float sums (vectorise them); it also assumes
-#: no infinities, so kernels never start a running max at ``-inf``.
+#: no infinities, so kernels never start a running max at ``-inf``. ``nogil``
+#: lets the CPU backend run its item loops on several Python threads at once
+#: (see :mod:`paged_np.attention.numba_cpu`).
 JIT_OPTIONS = dict(cache=not BOUNDSCHECK, fastmath=True, nogil=True, boundscheck=BOUNDSCHECK)
-#: Options for the parallel drivers (``prange``).
-JIT_PARALLEL_OPTIONS = dict(JIT_OPTIONS, parallel=True)
 
 EVICTION_POLICIES = ("lru", "fifo", "lfu")
 KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
