@@ -183,8 +183,14 @@ class PagedKVCache:
         n = _count(n, "n")
         ps = self.page_size
         start, end = seq.num_tokens, seq.num_tokens + n
-        pages_needed = -(-end // ps)
         bt = seq.block_table
+        last = len(bt) - 1
+        if n == 1 and start // ps == last and bt[last] >= 0 and self.pool._ref[bt[last]] == 1:
+            # Decode's common case: one token into a last page only we hold. Nothing
+            # to allocate or copy; the general path below would return the same slot.
+            seq.num_pending = 1
+            return np.array([bt[last] * ps + start % ps], dtype=np.int64)
+        pages_needed = -(-end // ps)
         released = _num_released(bt)  # pages given back by release_pages_before
         if pages_needed - released > self.cfg.num_pages:
             raise InvalidArgument(
@@ -292,7 +298,10 @@ class PagedKVCache:
     # --------------------------------------------------------------- queries
     def batch(self, seq_ids) -> BatchMetadata:
         """Block tables (int32 [B, max_pages], -1 padded) and seq_lens (int32 [B])."""
-        seqs = [self._get(s) for s in seq_ids]
+        try:
+            seqs = [self._seqs[s] for s in seq_ids]
+        except (KeyError, TypeError):  # name the unknown id
+            seqs = [self._get(s) for s in seq_ids]
         width = max((len(s.block_table) for s in seqs), default=0)
         tables = np.full((len(seqs), width), -1, dtype=np.int32)
         for b, s in enumerate(seqs):
