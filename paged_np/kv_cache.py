@@ -26,13 +26,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arena import Arena
+from .checks import as_extra_key, as_token_ids, check_count
 from .config import CacheConfig
 from .errors import (
     DTypeError,
     DuplicateSequence,
     InvalidArgument,
     OutOfPages,
-    ShapeError,
     UnknownSequence,
 )
 from .page_pool import PagePool
@@ -145,7 +145,7 @@ class PagedKVCache:
         """
         self._check_new_id(seq_id, "seq_id")
         prompt = as_token_ids(prompt, "prompt")
-        key = _as_extra_key(extra_key)
+        key = as_extra_key(extra_key)
         seq = Sequence(seq_id, key)
         ps = self.page_size
         hits = []
@@ -180,7 +180,7 @@ class PagedKVCache:
         Raises ``OutOfPages`` and changes nothing when the pages are not there.
         """
         seq = self._get(seq_id)
-        n = _count(n, "n")
+        n = check_count(n, "n")
         ps = self.page_size
         start, end = seq.num_tokens, seq.num_tokens + n
         bt = seq.block_table
@@ -414,46 +414,8 @@ class PagedKVCache:
                                      self._actor if seq_id is None else seq_id))
 
 
-def as_token_ids(x, name: str, allow_empty: bool = False) -> list:
-    """Validate a 1-D sequence of non-negative integer token ids; return a list of ints."""
-    if type(x) is list and x and all(type(t) is int for t in x):  # the engine's fast path
-        if min(x) < 0:
-            raise InvalidArgument(f"{name} holds a negative token id ({min(x)})")
-        return list(x)
-    arr = np.asarray(x)
-    if arr.ndim != 1:
-        raise ShapeError(f"{name} must be 1-D, got shape {arr.shape}")
-    if arr.size == 0:
-        if allow_empty:
-            return []
-        raise InvalidArgument(f"{name} must not be empty")
-    if arr.dtype.kind not in "iu":
-        raise DTypeError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
-    if arr.min() < 0:
-        raise InvalidArgument(f"{name} holds a negative token id ({int(arr.min())})")
-    return arr.tolist()
-
-
 def _num_released(block_table: list) -> int:
     """Leading -1 entries of a block table (pages given back by release_pages_before)."""
     if not block_table or block_table[0] >= 0:  # the common case: nothing released
         return 0
     return bisect_left(block_table, True, key=lambda p: p >= 0)
-
-
-def _count(n, name: str) -> int:
-    if type(n) is int and n >= 1:  # the common case, checked cheaply
-        return n
-    if isinstance(n, bool) or not hasattr(n, "__index__"):
-        raise DTypeError(f"{name} must be an int, got {type(n).__name__}")
-    if int(n) < 1:
-        raise InvalidArgument(f"{name} must be >= 1, got {int(n)}")
-    return int(n)
-
-
-def _as_extra_key(key) -> bytes | None:
-    if key is None or isinstance(key, bytes):
-        return key
-    if isinstance(key, (str, int)):
-        return str(key).encode()
-    raise DTypeError(f"extra_key must be bytes, str or int, got {type(key).__name__}")

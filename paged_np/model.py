@@ -42,9 +42,9 @@ import numpy as np
 
 from .attention import paged_attention
 from .attention.reference import dense_attention
+from .checks import as_token_ids
 from .config import ModelConfig
 from .errors import DTypeError, InvalidArgument, ShapeError
-from .kv_cache import as_token_ids
 
 # Weight names, their shapes as functions of the config, and whether they are
 # stacked over layers (a leading [num_layers] axis).
