@@ -5,7 +5,7 @@
 - ``benchmarks/*.png`` appear as ``benchmarks/<name>.png``, next to the
   benchmark pages that include ``benchmarks/*.md`` with snippets, so the
   figures those files link to resolve;
-- ``img/walkthrough.png`` is drawn by ``paged_np.walkthrough.run`` at build
+- ``img/walkthrough.png`` is drawn by ``paged_np.cli.walkthrough.run`` at build
   time (the same tour as ``python -m paged_np walkthrough``);
 - ``<!-- bench-machine -->`` in a page becomes a table of the machine recorded
   in ``benchmarks/results.json``.
@@ -43,7 +43,7 @@ def on_config(config):
 
 
 def _draw_walkthrough() -> Path:
-    from paged_np import walkthrough
+    from paged_np.cli import walkthrough
 
     out = Path(_TMP.name) / "walkthrough.png"
     walkthrough.run(str(out), quiet=True)

@@ -5,7 +5,7 @@ Public names only; see DESIGN.md (the contract) and the README.
 
 from .attention import merge_attention_states, paged_attention
 from .config import CacheConfig, ModelConfig
-from .engine import Engine
+from .engine.engine import Engine
 from .errors import (
     CudaUnavailable,
     DTypeError,
@@ -19,10 +19,10 @@ from .errors import (
     StalePage,
     UnknownSequence,
 )
-from .eviction import FIFOPolicy, LFUPolicy, LRUPolicy
-from .kv_cache import BatchMetadata, Event, PagedKVCache
-from .model import TinyLlama
-from .page_pool import PagePool
-from .sampling import SamplingParams
+from .cache.eviction import FIFOPolicy, LFUPolicy, LRUPolicy
+from .cache.kv_cache import BatchMetadata, Event, PagedKVCache
+from .models.llama import TinyLlama
+from .cache.page_pool import PagePool
+from .engine.sampling import SamplingParams
 
 __version__ = "0.1.0"

@@ -104,7 +104,7 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape of the small Llama-style decoder (see :mod:`paged_np.model`)."""
+    """Shape of the small Llama-style decoder (see :mod:`paged_np.models.llama`)."""
 
     vocab_size: int = 256
     hidden_size: int = 128

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from paged_np.scheduler import RUNNING, SWAPPED, WAITING
+from paged_np.engine.scheduler import RUNNING, SWAPPED, WAITING
 
 
 class InjectedFault(RuntimeError):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from paged_np import demo
-from paged_np.model import TinyLlama
+from paged_np.cli import demo
+from paged_np.models.llama import TinyLlama
 
 ARGS = ["--requests", "6", "--pages", "24", "--page-size", "8", "--backend", "numpy"]
 

@@ -7,7 +7,7 @@ import pytest
 from engine_helpers import tiny_model
 
 import paged_np as pnp
-from paged_np.model import ForwardBatch, apply_rope
+from paged_np.models.llama import ForwardBatch, apply_rope
 
 
 def _run_step(model, cache, seqs, backend="numpy"):

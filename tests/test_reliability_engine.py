@@ -28,8 +28,8 @@ from reliability_helpers import (
 )
 
 import paged_np as pnp
-import paged_np.engine as engine_module
-import paged_np.model as model_module
+import paged_np.engine.engine as engine_module
+import paged_np.models.llama as model_module
 
 GREEDY = pnp.SamplingParams(max_tokens=8, temperature=0.0)
 

@@ -6,11 +6,11 @@ import json
 import numpy as np
 import pytest
 
-from paged_np import simulate as sim
-from paged_np import workloads as wl
-from paged_np.contiguous import FirstFit, reserve_size
+from paged_np.sim import simulate as sim
+from paged_np.sim import workloads as wl
+from paged_np.sim.contiguous import FirstFit, reserve_size
 from paged_np.errors import InvalidArgument
-from paged_np.workloads import Request
+from paged_np.sim.workloads import Request
 
 
 def req(i, p, o, first=0):

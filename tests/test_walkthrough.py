@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from paged_np import walkthrough
+from paged_np.cli import walkthrough
 from paged_np.viz import page_owners
 
 

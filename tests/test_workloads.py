@@ -4,7 +4,7 @@ the sharing structure (chats, few-shot, beam trees) is what the simulation assum
 import numpy as np
 import pytest
 
-from paged_np import workloads as wl
+from paged_np.sim import workloads as wl
 from paged_np.errors import InvalidArgument
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import matplotlib.pyplot as plt
 
 import paged_np as pnp
-from paged_np import viz_kernels
+from paged_np import viz
 from paged_np.attention.reference import dense_attention
 from paged_np.attention.numpy_paged import attend_sequence
 from paged_np.attention import split_k
@@ -100,8 +100,8 @@ assert np.array_equal(k_gathered, k_all[:, 0])
 # weights beside the dense softmax (bottom).
 
 # %%
-fig = viz_kernels.draw_online_softmax(q[0, 0], k_all[:, 0], page_size=P)
-trace = viz_kernels.online_softmax_trace(q[0, 0], k_all[:, 0], page_size=P)
+fig = viz.draw_online_softmax(q[0, 0], k_all[:, 0], page_size=P)
+trace = viz.online_softmax_trace(q[0, 0], k_all[:, 0], page_size=P)
 assert np.allclose(trace["weights"], w) and np.isclose(trace["lse"], ref_lse[0, 0])
 
 # %% [markdown]

@@ -22,8 +22,8 @@ import numpy as np
 import matplotlib.pyplot as plt
 
 import paged_np as pnp
-from paged_np import viz, viz_anim
-from paged_np.sequence import hash_page, ROOT_HASH
+from paged_np import viz
+from paged_np.cache.sequence import hash_page, ROOT_HASH
 
 rng = np.random.default_rng(0)
 
@@ -141,15 +141,15 @@ fig = viz.draw_lru(cache, title="after the long request")
 # grey free.
 
 # %%
-anim = viz_anim.animate_events(cache.events, num_pages=8, by="event")
-viz_anim.animation_html(anim)
+anim = viz.animate_events(cache.events, num_pages=8, by="event")
+viz.animation_html(anim)
 
 # %% [markdown]
 # With `ipywidgets` installed (`pip install paged-np[notebooks]`) the next cell gives a
 # slider over the same frames; without it, a static strip of frames.
 
 # %%
-viz_anim.event_slider(cache.events, num_pages=8, by="event", static_frames=5)
+viz.event_slider(cache.events, num_pages=8, by="event", static_frames=5)
 
 # %% [markdown]
 # ## Over a longer run: the timeline

@@ -26,8 +26,9 @@ import numpy as np
 import matplotlib.pyplot as plt
 
 import paged_np as pnp
-from paged_np import simulate, viz, workloads
-from paged_np.demo import serve
+from paged_np import viz
+from paged_np.sim import simulate, workloads
+from paged_np.cli.demo import serve
 
 N_REQUESTS = 24          # size knob: requests in the streams below
 N_SIM = 200              # size knob: requests in the memory-breakdown simulation
@@ -39,7 +40,7 @@ print(model.cfg)
 # %% [markdown]
 # ## What one step runs
 #
-# The scheduler (`paged_np.scheduler`, after vLLM's V1) has no separate "prefill" and
+# The scheduler (`paged_np.engine.scheduler`, after vLLM's V1) has no separate "prefill" and
 # "decode" phases. Each sequence knows `num_tokens` tokens (prompt plus generated so far),
 # of which `num_computed` have their KV in the cache; a step gives it up to
 # `num_tokens - num_computed` more. A decode is the case where that is 1; a long prompt is
@@ -91,7 +92,7 @@ assert tokens_per_step.tolist() == by_hand
 #
 # Now a stream like a server's: two requests arrive per step, every other one starts with
 # the same 24-token system prompt (three pages of 8), and each asks for 8 to 24 tokens.
-# `paged_np.demo.serve` feeds each request to the engine at its arrival step and steps
+# `paged_np.cli.demo.serve` feeds each request to the engine at its arrival step and steps
 # until everything is done. First a roomy cache of 64 pages.
 
 # %%
@@ -265,7 +266,7 @@ assert (m["peak_pages_in_use"], m["cow_copies"]) == (shared, 3)
 # - **external fragmentation & others**: free slots that nobody can use (holes too small
 #   for the next request).
 #
-# `paged_np.simulate` replays a ShareGPT-like trace through the three Orca variants
+# `paged_np.sim.simulate` replays a ShareGPT-like trace through the three Orca variants
 # (reserve the model's maximum of 2048 tokens, the next power of two of the true length,
 # or, as an oracle, exactly the true length) and through the real paged cache with pages
 # of 16, with the KV budget of an OPT-13B on an A100 (15,728 token slots). No attention is
@@ -282,7 +283,7 @@ for name, b in breakdown.items():
           f"{'-' if paper is None else f'{paper:.1%}'})   running requests {b['batch_size']:5.1f}")
 
 # %%
-from paged_np import simulate_plot
+from paged_np.sim import plot as simulate_plot
 
 fig = simulate_plot.plot_breakdown({"memory_breakdown": breakdown})
 

@@ -21,7 +21,8 @@ import numpy as np
 import matplotlib.pyplot as plt
 
 import paged_np as pnp
-from paged_np import bench, viz_kernels
+from paged_np import viz
+from paged_np.cli import bench
 from paged_np.attention.reference import dense_attention
 
 # %% [markdown]
@@ -106,7 +107,7 @@ for row in (res or {}).get("decode", []):                  # the bench's own dec
     points.append({"label": f"bench {row['dtype']} ctx {row['context']}", "bytes": nbytes,
                    "flops": nbytes * bench.H / (2 * bench.HKV) * 4 / itemsize,
                    "seconds": row["ms"] / 1e3})
-fig = viz_kernels.draw_roofline(points, peak_bandwidth=bandwidth)
+fig = viz.draw_roofline(points, peak_bandwidth=bandwidth)
 
 # %% [markdown]
 # Every dot sits under the slanted roof, at intensity 2 (float32) or 4 (float16: half the

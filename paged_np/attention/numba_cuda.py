@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..arena import Arena
+from ..cache.arena import Arena
 from ..config import CacheConfig
 from ..errors import CudaUnavailable, DTypeError, IndexOutOfRange, ShapeError
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from paged_np import bench_cuda
+from paged_np.cli import bench_cuda
 
 pytestmark = pytest.mark.cudasim
 

@@ -12,14 +12,14 @@ holes between ranges, too small for the next request, are external
 fragmentation. :class:`FirstFit` is the allocator: address-ordered holes,
 first fit, neighbours merged on free. The paged cache
 (:class:`~paged_np.PagedKVCache`) removes both kinds of waste; the
-simulation (:mod:`paged_np.simulate`) measures how much.
+simulation (:mod:`paged_np.sim.simulate`) measures how much.
 """
 
 from __future__ import annotations
 
 import bisect
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 MAX_LEN = 2048  # the OPT models' context: what Orca (Max) reserves
 SCHEMES = ("orca_max", "orca_pow2", "orca_oracle")

@@ -184,7 +184,7 @@ POLICIES = {"lru": LRUPolicy, "fifo": FIFOPolicy, "lfu": LFUPolicy}
 
 def make_policy(name: str):
     """Return a fresh policy object for ``name`` in ``{"lru", "fifo", "lfu"}``."""
-    from .errors import InvalidArgument
+    from ..errors import InvalidArgument
 
     if name not in POLICIES:
         raise InvalidArgument(f"eviction_policy must be one of {tuple(POLICIES)}, got {name!r}")

@@ -13,8 +13,8 @@ import sys
 
 def backends() -> dict[str, str]:
     """backend name -> "available" or the reason it is not."""
-    from .attention import load_backend
-    from .errors import PagedNPError
+    from ..attention import load_backend
+    from ..errors import PagedNPError
 
     status = {}
     for name in ("numpy", "numba", "cuda"):
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     import numba
     import numpy as np
 
-    from . import __version__
+    from .. import __version__
 
     print(f"paged_np {__version__}")
     print(f"python   {sys.version.split()[0]} ({platform.machine()}, {platform.system()})")

@@ -4,19 +4,19 @@ Both replay an event log with :func:`paged_np.viz.replay_events` and draw each
 frame as an arena grid. In a notebook::
 
     from IPython.display import HTML
-    from paged_np import viz_anim
-    HTML(viz_anim.animation_html(viz_anim.animate_events(cache.events, 16)))
+    from paged_np import viz
+    HTML(viz.animation_html(viz.animate_events(cache.events, 16)))
 
 or, with ``ipywidgets`` installed (the ``notebooks`` extra), a slider that
-steps through the frames: ``viz_anim.event_slider(cache.events, 16)``. Without
+steps through the frames: ``viz.event_slider(cache.events, 16)``. Without
 ipywidgets the slider degrades to a static figure of a few frames, so a
 notebook runs the same everywhere.
 """
 
 from __future__ import annotations
 
-from .errors import InvalidArgument
-from .viz import STATE_COLORS, _pyplot, draw_frame, owner_color, replay_events
+from ..errors import InvalidArgument
+from .arena import STATE_COLORS, _pyplot, draw_frame, owner_color, replay_events
 
 
 def animate_events(events, num_pages: int, by: str = "step", cols: int = 16,

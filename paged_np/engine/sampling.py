@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import DTypeError, InvalidArgument
+from ..errors import DTypeError, InvalidArgument
 
 
 def _int(name, value, low):

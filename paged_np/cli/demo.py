@@ -25,10 +25,10 @@ import time
 
 import numpy as np
 
-from .config import ModelConfig
-from .engine import ENGINE_BACKENDS, PREEMPTION_MODES, Engine
-from .model import TinyLlama
-from .sampling import SamplingParams
+from ..config import ModelConfig
+from ..engine.engine import ENGINE_BACKENDS, PREEMPTION_MODES, Engine
+from ..models.llama import TinyLlama
+from ..engine.sampling import SamplingParams
 
 
 def parse_args(argv):
@@ -129,7 +129,7 @@ def main(argv: list[str]) -> int:
         print(f"verified: {same}/{checked} requests identical to the dense reference")
         status = 0 if same == checked else 1
 
-    from .viz_engine import draw_engine_run
+    from ..viz.engine import draw_engine_run
 
     fig = draw_engine_run(m, title=f"{args.requests} requests, {args.pages} pages of "
                                    f"{args.page_size}, {args.preemption} preemption")

@@ -39,7 +39,7 @@ the KV memory goes, under three experiments from Kwon et al. (SOSP 2023):
 
    ``batch_size`` is the mean number of running requests over those steps.
    The paper's time-averaged numbers come from real traces and a real server;
-   ours from the synthetic traces of :mod:`paged_np.workloads`.
+   ours from the synthetic traces of :mod:`paged_np.sim.workloads`.
 
 2. **Sharing savings** (the paper's Fig. 15). Each request runs alone in a
    cache large enough for it; at every step we count the pages in use with
@@ -72,10 +72,10 @@ from collections import deque
 import numpy as np
 
 from . import workloads as wl
-from .config import CacheConfig
+from ..config import CacheConfig
 from .contiguous import MAX_LEN, SCHEMES, FirstFit, reserve_size
-from .errors import InvalidArgument, OutOfPages
-from .kv_cache import PagedKVCache
+from ..errors import InvalidArgument, OutOfPages
+from ..cache.kv_cache import PagedKVCache
 
 KV_SLOTS = 15728  # 12 GiB of KV / 800 KiB per token (OPT-13B: 2 * 40 layers * 5120 * 2 bytes)
 MAX_BATCH = 256  # vLLM's default max_num_seqs
@@ -416,7 +416,7 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     res = run(args.seed, args.quick)
-    from .simulate_plot import report
+    from .plot import report
 
     print(report(res))
     print(f"({time.perf_counter() - t0:.1f} s)")
@@ -424,7 +424,7 @@ def main(argv: list[str]) -> int:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
     if args.plot:
-        from .simulate_plot import plot_all
+        from .plot import plot_all
 
         plot_all(res).savefig(args.plot, dpi=120, bbox_inches="tight")
     return 0

@@ -13,8 +13,8 @@ What each one shows (all take a :class:`~paged_np.PagedKVCache` or its
   and the pages by state over time (with requests running / waiting and
   preemptions from per-step engine metrics).
 
-Elsewhere: :mod:`paged_np.viz_anim` (an animation and a slider over the
-events), :mod:`paged_np.viz_kernels` (one query's online softmax, the roofline).
+Elsewhere: :mod:`paged_np.viz.anim` (an animation and a slider over the
+events), :mod:`paged_np.viz.kernels` (one query's online softmax, the roofline).
 
 Library code never calls ``plt.show()``: a notebook shows the returned figure,
 a script saves it (``fig.savefig(path)``).
@@ -22,7 +22,7 @@ a script saves it (``fig.savefig(path)``).
 
 from __future__ import annotations
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 #: Colours of the page states; owners of IN_USE pages get the tab10 colours.
 STATE_COLORS = {"free": "#e6e6e6", "cached": "#f2c14e", "in_use": "#4c72b0"}

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import CacheConfig
-from .errors import DTypeError, IndexOutOfRange, ShapeError
+from ..config import CacheConfig
+from ..errors import DTypeError, IndexOutOfRange, ShapeError
 
 
 class Arena:

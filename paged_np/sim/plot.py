@@ -13,7 +13,7 @@ shown on screen (the Agg backend), so they work in scripts, tests and CI:
 
 from __future__ import annotations
 
-from .viz import _pyplot
+from ..viz.arena import _pyplot
 
 # pyplot without forcing a backend: Jupyter keeps its inline one, scripts get Agg.
 plt = _pyplot()

@@ -32,7 +32,7 @@ Preemption comes in two flavours (``preemption_mode``):
 
 Simplifications compared with vLLM: no priorities, no encoder or LoRA
 budgets, no speculative tokens; a sequence is one sample (``n > 1`` requests
-fork after their prompt, see :mod:`paged_np.engine`).
+fork after their prompt, see :mod:`paged_np.engine.engine`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import OutOfPages
+from ..errors import OutOfPages
 
 WAITING, RUNNING, SWAPPED, FINISHED = "waiting", "running", "swapped", "finished"
 

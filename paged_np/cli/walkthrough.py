@@ -17,8 +17,8 @@ import sys
 
 import numpy as np
 
-from .config import CacheConfig
-from .kv_cache import PagedKVCache
+from ..config import CacheConfig
+from ..cache.kv_cache import PagedKVCache
 
 SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]  # an 8-token system prompt: two full pages
 
@@ -114,7 +114,7 @@ def run(out: str | None = "paged_np_demo.png", quiet: bool = False) -> PagedKVCa
 
     fig = axes = None
     if out:
-        from . import viz
+        from ..viz import arena as viz
 
         plt = viz._pyplot()
         fig, axes = plt.subplots(len(steps), 1, figsize=(11, 1.15 * len(steps) + 0.6))

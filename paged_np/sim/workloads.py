@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 VOCAB_SIZE = 32000  # token ids are drawn from [0, VOCAB_SIZE), like a Llama tokenizer
 

@@ -10,7 +10,7 @@ One :meth:`Engine.step` is one forward pass of the model, the unit of
 *continuous batching* (Orca, vLLM): requests join and leave the batch at any
 step, so the batch never waits for its longest member. A step is
 
-1. **schedule** (:mod:`paged_np.scheduler`): pick each sequence's tokens under
+1. **schedule** (:mod:`paged_np.engine.scheduler`): pick each sequence's tokens under
    the seat and token budgets, allocate their slots (preempting when pages
    run out, admitting waiting requests when they are there);
 2. **build the batch**: concatenate the scheduled tokens, their positions and
@@ -37,10 +37,10 @@ import time
 
 import numpy as np
 
-from .config import CacheConfig
-from .errors import DTypeError, InvalidArgument, UnknownSequence
-from .kv_cache import PagedKVCache, as_token_ids
-from .model import ForwardBatch, TinyLlama
+from ..config import CacheConfig
+from ..errors import DTypeError, InvalidArgument, UnknownSequence
+from ..cache.kv_cache import PagedKVCache, as_token_ids
+from ..models.llama import ForwardBatch, TinyLlama
 from .outputs import RequestOutput, SampleOutput
 from .sampling import SamplingParams, make_rng, sample_tokens
 from .scheduler import RUNNING, Scheduler, Seq
@@ -78,7 +78,7 @@ class Engine:
     num_pages, page_size : the cache's size (the arena is allocated here, once).
     max_num_seqs : most sequences running at once.
     max_num_batched_tokens : most tokens in one step (prefill chunks + decodes).
-    preemption_mode : "recompute" or "swap" (see :mod:`paged_np.scheduler`).
+    preemption_mode : "recompute" or "swap" (see :mod:`paged_np.engine.scheduler`).
     eviction_policy : "lru" (default), "fifo" or "lfu": which cached page goes first.
     backend : paged attention backend, "numba", "numpy" or "auto".
     swap_pages : pages of host swap space (swap mode); default ``num_pages``.

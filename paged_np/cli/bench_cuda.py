@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import CacheConfig
+from ..config import CacheConfig
 
 DEFAULTS = dict(batch=32, num_heads=32, num_kv_heads=8, head_dim=128, page_size=16,
                 context=8192, iters=20)
@@ -57,7 +57,7 @@ def _device_name(cuda) -> str:
 
 def run(args=None) -> dict:
     """Run the decode bench; ``args`` may override any key of ``DEFAULTS`` (attributes)."""
-    from .attention import numba_cuda as nc  # raises CudaUnavailable without a GPU/simulator
+    from ..attention import numba_cuda as nc  # raises CudaUnavailable without a GPU/simulator
 
     cuda = nc.cuda
     cfg = dict(SMOKE if nc.SIMULATOR else DEFAULTS)

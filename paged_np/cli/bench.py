@@ -142,7 +142,7 @@ def _torch_decode(q, k, v, tables, seq_lens):
 def _numpy_forward():
     """The NumPy teaching kernel's ``forward``, when that module exists."""
     try:
-        from .attention import numpy_paged
+        from ..attention import numpy_paged
     except ImportError:
         return None
     return getattr(numpy_paged, "forward", None)
@@ -177,7 +177,7 @@ def _settle(seconds: float = 0.5) -> None:
 
 def bench_numba(cfg: dict, log) -> dict:
     """Every figure for the Numba CPU backend; ``cfg`` sets sizes and repeats."""
-    from .attention import numba_cpu
+    from ..attention import numba_cpu
 
     res = {"decode": [], "page_sweep": [], "prefill": {}}
     torch = cfg["torch"]
@@ -242,7 +242,7 @@ def bench_numba(cfg: dict, log) -> dict:
 
 def bench_prefill(cfg: dict, log) -> dict:
     """Causal prefill of one prompt: GFLOP/s (QK^T and PV, causal half)."""
-    from .attention import numba_cpu
+    from ..attention import numba_cpu
 
     T = cfg["prefill_tokens"]
     rng = np.random.default_rng(1)
@@ -279,7 +279,7 @@ def bench_prefill(cfg: dict, log) -> dict:
 _PROBE = """
 import time, numpy as np
 t0 = time.perf_counter()
-from paged_np.bench import make_decode_case
+from paged_np.cli.bench import make_decode_case
 from paged_np.attention import numba_cpu
 for dt in (np.float32, np.float16):  # every kernel, both page dtypes
     q, k, v, bt, sl, qsl = make_decode_case(32, dt)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .errors import DTypeError, IndexOutOfRange, OutOfPages, StalePage
+from ..errors import DTypeError, IndexOutOfRange, OutOfPages, StalePage
 from .eviction import make_policy
 
 FREE, IN_USE, CACHED = "free", "in_use", "cached"
@@ -56,7 +56,7 @@ class PagePool:
     """
 
     def __init__(self, num_pages: int, page_size: int, eviction_policy: str = "lru"):
-        from .config import _positive_int
+        from ..config import _positive_int
 
         self.num_pages = _positive_int("num_pages", num_pages, "PagePool")
         self.page_size = _positive_int("page_size", page_size, "PagePool")

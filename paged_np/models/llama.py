@@ -40,11 +40,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .attention import paged_attention
-from .attention.reference import dense_attention
-from .checks import as_token_ids
-from .config import ModelConfig
-from .errors import DTypeError, InvalidArgument, ShapeError
+from ..attention import paged_attention
+from ..attention.reference import dense_attention
+from ..checks import as_token_ids
+from ..config import ModelConfig
+from ..errors import DTypeError, InvalidArgument, ShapeError
 
 # Weight names, their shapes as functions of the config, and whether they are
 # stacked over layers (a leading [num_layers] axis).

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .viz import STATE_COLORS, _pyplot
+from .arena import STATE_COLORS, _pyplot
 
 
 def draw_engine_run(metrics: dict, title: str = "paged_np engine run"):

@@ -13,7 +13,7 @@ block tables, the stats and the arena exactly as they were.
 
 Compared with vLLM: one ``PagedKVCache`` plays the parts of ``KVCacheManager``
 (+ ``BlockPool``) and the attention backend's ``reshape_and_cache``. There is
-no scheduler here (see :mod:`paged_np.engine`), no GPU/CPU split and no
+no scheduler here (see :mod:`paged_np.engine.engine`), no GPU/CPU split and no
 multi-group (hybrid) cache.
 """
 
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arena import Arena
-from .checks import as_extra_key, as_token_ids, check_count
-from .config import CacheConfig
-from .errors import (
+from ..checks import as_extra_key, as_token_ids, check_count
+from ..config import CacheConfig
+from ..errors import (
     DTypeError,
     DuplicateSequence,
     InvalidArgument,
@@ -106,7 +106,7 @@ class PagedKVCache:
         self.page_size = cfg.page_size
         self.device = device
         if device == "cuda":  # the arena as a device array; raises CudaUnavailable without one
-            from .attention.numba_cuda import DeviceArena
+            from ..attention.numba_cuda import DeviceArena
             self._arena = DeviceArena(cfg)
         else:
             self._arena = Arena(cfg)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import InvalidArgument, ShapeError
-from .viz import _pyplot
+from ..errors import InvalidArgument, ShapeError
+from .arena import _pyplot
 
 
 def online_softmax_trace(q, k, page_size: int, scale: float | None = None) -> dict:

@@ -1,0 +1,15 @@
+"""Serving on the paged cache: requests in, tokens out, many at a time.
+
+Read in this order:
+
+1. :mod:`.sampling` -- :class:`SamplingParams` and how a token is drawn from logits;
+2. :mod:`.scheduler` -- which requests run this step, and preemption under pressure;
+3. :mod:`.outputs` -- what a finished request returns (vLLM's names);
+4. :mod:`.engine` -- :class:`Engine`, one step = schedule, model forward, sample.
+"""
+
+from .engine import Engine
+from .outputs import RequestOutput, SampleOutput
+from .sampling import SamplingParams
+
+__all__ = ["Engine", "RequestOutput", "SampleOutput", "SamplingParams"]

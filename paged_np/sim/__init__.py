@@ -1,0 +1,7 @@
+"""Memory simulation: the vLLM paper's waste and sharing figures through the real pool.
+
+:mod:`.workloads` makes synthetic traces, :mod:`.contiguous` the baselines that
+reserve one contiguous slab per request, :mod:`.simulate` serves a trace both
+ways and counts the memory, and :mod:`.plot` draws the result. Run it with
+``python -m paged_np simulate``.
+"""
