@@ -4,8 +4,12 @@ Public names only; see DESIGN.md (the contract) and the README.
 """
 
 from .attention import merge_attention_states, paged_attention
+from .cache.eviction import FIFOPolicy, LFUPolicy, LRUPolicy
+from .cache.kv_cache import BatchMetadata, Event, PagedKVCache
+from .cache.page_pool import PagePool
 from .config import CacheConfig, ModelConfig
 from .engine.engine import Engine
+from .engine.sampling import SamplingParams
 from .errors import (
     CudaUnavailable,
     DTypeError,
@@ -19,10 +23,6 @@ from .errors import (
     StalePage,
     UnknownSequence,
 )
-from .cache.eviction import FIFOPolicy, LFUPolicy, LRUPolicy
-from .cache.kv_cache import BatchMetadata, Event, PagedKVCache
 from .models.llama import TinyLlama
-from .cache.page_pool import PagePool
-from .engine.sampling import SamplingParams
 
 __version__ = "0.1.0"

@@ -17,8 +17,8 @@ import pytest
 from attention_cases import TOL, available_backends, make_paged_case, rel_error
 
 import paged_np as pnp
-from paged_np.cache.arena import Arena
 from paged_np.attention.reference import dense_attention
+from paged_np.cache.arena import Arena
 from paged_np.cache.kv_cache import BatchMetadata, PagedKVCache
 
 INT32_MAX = 2**31 - 1

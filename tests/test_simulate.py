@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
+from paged_np.errors import InvalidArgument
 from paged_np.sim import simulate as sim
 from paged_np.sim import workloads as wl
 from paged_np.sim.contiguous import FirstFit, reserve_size
-from paged_np.errors import InvalidArgument
 from paged_np.sim.workloads import Request
 
 

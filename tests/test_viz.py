@@ -19,10 +19,10 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
 
 from paged_np import viz  # noqa: E402
+from paged_np.cache.kv_cache import Event  # noqa: E402
+from paged_np.errors import InvalidArgument, ShapeError  # noqa: E402
 from paged_np.viz import anim as viz_anim  # noqa: E402
 from paged_np.viz import kernels as viz_kernels  # noqa: E402
-from paged_np.errors import InvalidArgument, ShapeError  # noqa: E402
-from paged_np.cache.kv_cache import Event  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -4,8 +4,8 @@ the sharing structure (chats, few-shot, beam trees) is what the simulation assum
 import numpy as np
 import pytest
 
-from paged_np.sim import workloads as wl
 from paged_np.errors import InvalidArgument
+from paged_np.sim import workloads as wl
 
 
 @pytest.mark.parametrize("mu,sigma,lo,hi", [(4.0, 1.1, 1, 1024), (2.5, 0.6, 1, 50),

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .arena import Arena
 from ..checks import as_extra_key, as_token_ids, check_count
 from ..config import CacheConfig
 from ..errors import (
@@ -35,6 +34,7 @@ from ..errors import (
     OutOfPages,
     UnknownSequence,
 )
+from .arena import Arena
 from .page_pool import PagePool
 from .sequence import Sequence, hash_page
 

@@ -27,8 +27,8 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..engine.engine import ENGINE_BACKENDS, PREEMPTION_MODES, Engine
-from ..models.llama import TinyLlama
 from ..engine.sampling import SamplingParams
+from ..models.llama import TinyLlama
 
 
 def parse_args(argv):

@@ -17,8 +17,8 @@ import sys
 
 import numpy as np
 
-from ..config import CacheConfig
 from ..cache.kv_cache import PagedKVCache
+from ..config import CacheConfig
 
 SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]  # an 8-token system prompt: two full pages
 

@@ -37,9 +37,9 @@ import time
 
 import numpy as np
 
+from ..cache.kv_cache import PagedKVCache, as_token_ids
 from ..config import CacheConfig
 from ..errors import DTypeError, InvalidArgument, UnknownSequence
-from ..cache.kv_cache import PagedKVCache, as_token_ids
 from ..models.llama import ForwardBatch, TinyLlama
 from .outputs import RequestOutput, SampleOutput
 from .sampling import SamplingParams, make_rng, sample_tokens

@@ -71,11 +71,11 @@ from collections import deque
 
 import numpy as np
 
-from . import workloads as wl
-from ..config import CacheConfig
-from .contiguous import MAX_LEN, SCHEMES, FirstFit, reserve_size
-from ..errors import InvalidArgument, OutOfPages
 from ..cache.kv_cache import PagedKVCache
+from ..config import CacheConfig
+from ..errors import InvalidArgument, OutOfPages
+from . import workloads as wl
+from .contiguous import MAX_LEN, SCHEMES, FirstFit, reserve_size
 
 KV_SLOTS = 15728  # 12 GiB of KV / 800 KiB per token (OPT-13B: 2 * 40 layers * 5120 * 2 bytes)
 MAX_BATCH = 256  # vLLM's default max_num_seqs
