@@ -14,7 +14,8 @@ COMMANDS = {
     "demo": ("paged_np.cli.demo", "serve a small model under memory pressure, check it, draw it"),
     "walkthrough": ("paged_np.cli.walkthrough",
                     "a narrated tour of the cache: prefixes, forks, eviction"),
-    "bench": ("paged_np.cli.bench", "benchmark the attention kernels against bandwidth and PyTorch"),
+    "bench": ("paged_np.cli.bench",
+              "benchmark the attention kernels against bandwidth and PyTorch"),
     "simulate": ("paged_np.sim.simulate", "reproduce the vLLM paper's memory-waste figures"),
     "info": ("paged_np.cli.info", "versions, backends and the machine"),
 }
