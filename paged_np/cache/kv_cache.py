@@ -172,7 +172,7 @@ class PagedKVCache:
         return n_hit
 
     def allocate_slots(self, seq_id, n: int) -> np.ndarray:
-        """Slots (int64 [n]) for positions ``[num_tokens, num_tokens + n)``.
+        """Slots (int64 [n]) for positions ``[num_computed_tokens, num_computed_tokens + n)``.
 
         Allocates pages as needed (evicting cached pages under the policy) and
         copies any shared page that would be written (copy-on-write). Calling
@@ -182,7 +182,7 @@ class PagedKVCache:
         seq = self._get(seq_id)
         n = check_count(n, "n")
         ps = self.page_size
-        start, end = seq.num_tokens, seq.num_tokens + n
+        start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
         bt = seq.block_table
         last = len(bt) - 1
         if n == 1 and start // ps == last and bt[last] >= 0 and self.pool._ref[bt[last]] == 1:
@@ -235,7 +235,7 @@ class PagedKVCache:
         seq.token_ids.extend(ids)
         seq.num_pending -= len(ids)
         ps = self.page_size
-        for i in range(len(seq.page_hashes), seq.num_tokens // ps):  # newly full pages
+        for i in range(len(seq.page_hashes), seq.num_computed_tokens // ps):  # newly full pages
             page_tokens = seq.token_ids[i * ps:(i + 1) * ps]
             h = hash_page(seq.last_hash(), page_tokens, seq.extra_key)
             seq.page_hashes.append(h)
@@ -288,7 +288,7 @@ class PagedKVCache:
         first = _num_released(bt)
         ps = self.page_size
         # Whole pages below num_tokens, and only pages whose tokens are all written.
-        last = min(max(int(num_tokens), 0) // ps, len(bt), seq.num_tokens // ps)
+        last = min(max(int(num_tokens), 0) // ps, len(bt), seq.num_computed_tokens // ps)
         self._actor = seq_id
         for i in range(last - 1, first - 1, -1):  # tail-first, as in free()
             self.pool.free(bt[i])
@@ -317,9 +317,9 @@ class PagedKVCache:
         """The bookkeeping object of one sequence (read it, do not change it)."""
         return self._get(seq_id)
 
-    def num_tokens(self, seq_id) -> int:
+    def num_computed_tokens(self, seq_id) -> int:
         """Tokens of the sequence whose KV is written."""
-        return self._get(seq_id).num_tokens
+        return self._get(seq_id).num_computed_tokens
 
     def __contains__(self, seq_id) -> bool:
         return seq_id in self._seqs
@@ -363,7 +363,8 @@ class PagedKVCache:
             assert len(s.block_table) <= -(-s.seq_len // ps) or s.seq_len == 0, (
                 f"sequence {sid!r} holds pages beyond its tokens"
             )
-            assert len(s.page_hashes) == s.num_tokens // ps, f"sequence {sid!r}: hash chain length"
+            assert len(s.page_hashes) == s.num_computed_tokens // ps, (
+                f"sequence {sid!r}: hash chain length")
             released = _num_released(s.block_table)
             assert all(p >= 0 for p in s.block_table[released:]), (
                 f"sequence {sid!r}: a released (-1) page after a held one"
