@@ -11,12 +11,15 @@ from .config import CacheConfig, ModelConfig
 from .engine.engine import Engine
 from .engine.sampling import SamplingParams
 from .errors import (
+    ChatTemplateError,
     CudaUnavailable,
     DTypeError,
     DuplicateSequence,
     IndexOutOfRange,
     InvalidArgument,
     InvalidBlockTable,
+    ModelFetchError,
+    ModelLoadError,
     OutOfPages,
     PagedNPError,
     ShapeError,
@@ -24,5 +27,6 @@ from .errors import (
     UnknownSequence,
 )
 from .models.llama import TinyLlama
+from .models.tokenizer import IncrementalDetokenizer, Tokenizer
 
 __version__ = "0.1.0"

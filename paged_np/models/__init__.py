@@ -6,5 +6,6 @@ small random weights for tests and the toy demo.
 """
 
 from .llama import ForwardBatch, TinyLlama
+from .tokenizer import IncrementalDetokenizer, Tokenizer
 
-__all__ = ["ForwardBatch", "TinyLlama"]
+__all__ = ["ForwardBatch", "TinyLlama", "Tokenizer", "IncrementalDetokenizer"]
