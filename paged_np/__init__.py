@@ -26,7 +26,8 @@ from .errors import (
     StalePage,
     UnknownSequence,
 )
-from .models.llama import TinyLlama
+from .models import load_model
+from .models.llama import LlamaModel, TinyLlama
 from .models.tokenizer import IncrementalDetokenizer, Tokenizer
 
 __version__ = "0.1.0"
