@@ -148,7 +148,10 @@ def config_from_gguf(reader, tensor_names: set) -> ModelConfig:
         num_layers=int(_field(reader, f"{arch}.block_count")),
         num_heads=num_heads,
         num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", default=num_heads)),
+        # key_length when the converter wrote it (head_dim != hidden / heads), else the
+        # RoPE width (all of a Llama head is rotated), else hidden / heads.
         head_dim=int(_field(reader, f"{arch}.attention.key_length", required=False)
+                     or _field(reader, f"{arch}.rope.dimension_count", required=False)
                      or hidden // num_heads),
         intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
         rope_theta=float(_field(reader, f"{arch}.rope.freq_base", default=10000.0)),
