@@ -61,6 +61,13 @@ BAD_CALLS = [
     (lambda c: c.append_tokens("p", [1, 2, 3]), pnp.InvalidArgument, "token_ids"),
     (lambda c: c.append_tokens("p", [1, -1]), pnp.InvalidArgument, "token_ids"),
     (lambda c: c.append_tokens("zz", [1]), pnp.UnknownSequence, "seq_id"),
+    # Token ids past int64 (the prefix hash packs int64): refused before anything changes.
+    (lambda c: c.append_tokens("p", [1, 2**63]), pnp.InvalidArgument, "token_ids"),
+    (lambda c: c.append_tokens("p", (1, 2**63)), pnp.InvalidArgument, "token_ids"),
+    (lambda c: c.append_tokens("p", np.array([1, 2**63], np.uint64)), pnp.InvalidArgument,
+     "token_ids"),
+    (lambda c: c.add_sequence("n", [1, 2, 3, 4, 5, 2**63]), pnp.InvalidArgument, "prompt"),
+    (lambda c: c.add_sequence("n", [2**64, 1]), pnp.InvalidArgument, "prompt"),
     (lambda c: c.write_kv(2, np.array([0]), *kv(1)), pnp.IndexOutOfRange, "layer"),
     (lambda c: c.write_kv(-1, np.array([0]), *kv(1)), pnp.IndexOutOfRange, "layer"),
     (lambda c: c.write_kv("0", np.array([0]), *kv(1)), pnp.DTypeError, "layer"),
