@@ -19,6 +19,7 @@ from .errors import (
     InvalidBlockTable,
     OutOfPages,
     PagedNPError,
+    SequenceTooLong,
     ShapeError,
     StalePage,
     UnknownSequence,
