@@ -86,7 +86,9 @@ def summary(m: dict, n_requests: int, n_failed: int) -> str:
         ("engine steps", f"{m['steps']}"),
         ("tokens/s", f"{m['tokens_per_s']:.0f}"),
         ("peak pages in use", f"{m['peak_pages_in_use']} / {m['num_pages']}"),
-        ("prefix hit rate", f"{m['prefix_hit_rate']:.1%} of prompt tokens"),
+        ("prefix hit rate", f"{m['prefix_hit_rate']:.1%} of prompt tokens (first admission)"),
+        ("reused after preemption", f"{m['readmitted_hit_tokens']} of "
+                                    f"{m['readmitted_tokens']} re-admitted tokens"),
         ("evictions", f"{m['evictions']}"),
         ("preemptions", f"{m['preemptions']}"
          + (f" ({m['swapped_out']} swapped)" if m["swapped_out"] else "")),
