@@ -29,3 +29,41 @@ def test_workload_shares_a_system_prompt():
     work = demo.make_workload(6, 256, seed=0)
     assert work[0][1][:48] == work[2][1][:48] == work[4][1][:48]
     assert [a for a, _, _ in work] == [0, 0, 1, 1, 2, 2]
+
+
+def _tamper(monkeypatch, change):
+    """Run the real serve, then ``change(outs)`` before the demo checks them."""
+    real = demo.serve
+
+    def serve(engine, work, on_finish=None):
+        outs = real(engine, work, on_finish)
+        change(outs)
+        return outs
+
+    monkeypatch.setattr(demo, "serve", serve)
+
+
+def test_demo_catches_a_truncated_request(tmp_path, capsys, monkeypatch):
+    """Right tokens, too few of them: the old length-blind check passed this."""
+    def truncate(outs):
+        s = outs[1].samples[0]
+        s.token_ids = s.token_ids[:-3]
+        s.finish_reason = "stop"
+
+    _tamper(monkeypatch, truncate)
+    assert demo.main(ARGS + ["--out", str(tmp_path / "x.png")]) == 1
+    text = capsys.readouterr().out
+    assert "verified: 5/6" in text and "request 1:" in text and "'stop'" in text
+
+
+def test_demo_exits_nonzero_when_a_request_failed(tmp_path, capsys, monkeypatch):
+    def fail(outs):
+        outs[2].samples[0].token_ids = []
+        outs[2].samples[0].finish_reason = "error"
+        outs[2].error = "it can never fit"
+
+    _tamper(monkeypatch, fail)
+    assert demo.main(ARGS + ["--no-verify", "--out", str(tmp_path / "x.png")]) == 1
+    assert "request 2 failed: it can never fit" in capsys.readouterr().out
+    assert demo.main(ARGS + ["--out", str(tmp_path / "y.png")]) == 1
+    assert "verified: 5/6" in capsys.readouterr().out

@@ -8,9 +8,10 @@ the newest running request is preempted. At the end:
 
 - a summary table (requests, generated tokens, tokens/s, peak pages, prefix
   hit rate, evictions, preemptions, time split);
-- a check of every request's tokens against ``TinyLlama.dense_generate``
-  (greedy, no cache): ``verified: N/N requests identical to the dense
-  reference``; the exit status is 1 if any differs;
+- a check of every request against ``TinyLlama.dense_generate`` (greedy, no
+  cache): its tokens, its length (``max_tokens``) and its finish reason
+  (``"length"``): ``verified: N/N requests identical to the dense
+  reference``; the exit status is 1 if any request differs or failed;
 - ``paged_np_demo.png``: pages over time by state, running/waiting over time.
 
 Options: ``--requests --pages --page-size --backend --preemption --seed
@@ -79,6 +80,25 @@ def serve(engine: Engine, work, on_finish=None) -> list:
     return [results[i] for i in range(len(work))]
 
 
+def verify(model, outs, work) -> list[str]:
+    """One line per request that is not exactly the dense reference's answer.
+
+    Greedy, no stop tokens: each request must end with ``finish_reason ==
+    "length"`` after exactly ``max_tokens`` tokens, and those tokens must equal
+    ``model.dense_generate(prompt, max_tokens)``. A truncated or failed request
+    counts as wrong even when the tokens it has are right.
+    """
+    problems = []
+    for o, (_, prompt, max_tokens) in zip(outs, work):
+        if o.finish_reason != "length" or len(o.token_ids) != max_tokens:
+            why = f" ({o.error})" if o.error else ""
+            problems.append(f"request {o.request_id}: {len(o.token_ids)}/{max_tokens} tokens, "
+                            f"finish_reason {o.finish_reason!r}{why}")
+        elif o.token_ids != model.dense_generate(prompt, max_tokens):
+            problems.append(f"request {o.request_id}: tokens differ from the dense reference")
+    return problems
+
+
 def summary(m: dict, n_requests: int, n_failed: int) -> str:
     rows = [
         ("requests", f"{n_requests}" + (f" ({n_failed} failed)" if n_failed else "")),
@@ -123,13 +143,14 @@ def main(argv: list[str]) -> int:
     for o in failed:
         print(f"request {o.request_id} failed: {o.error}")
 
-    status = 0
+    status = 1 if failed else 0                  # a failed request fails the run
     if not args.no_verify:
-        same = sum(o.token_ids == model.dense_generate(prompt, len(o.token_ids))
-                   for o, (_, prompt, _) in zip(outs, work) if o.token_ids)
-        checked = sum(1 for o in outs if o.token_ids)
-        print(f"verified: {same}/{checked} requests identical to the dense reference")
-        status = 0 if same == checked else 1
+        problems = verify(model, outs, work)
+        print(f"verified: {len(outs) - len(problems)}/{len(outs)} requests identical to the "
+              f"dense reference (max_tokens long, finish_reason 'length')")
+        for line in problems:
+            print(line)
+        status = 1 if problems else status
 
     from ..viz.engine import draw_engine_run
 
