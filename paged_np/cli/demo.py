@@ -12,7 +12,7 @@ the newest running request is preempted. At the end:
   cache): its tokens, its length (``max_tokens``) and its finish reason
   (``"length"``): ``verified: N/N requests identical to the dense
   reference``; the exit status is 1 if any request differs or failed;
-- ``paged_np_demo.png``: pages over time by state, running/waiting over time.
+- ``paged_np_out/demo.png``: pages over time by state, running/waiting over time.
 
 Options: ``--requests --pages --page-size --backend --preemption --seed
 --no-verify --out``.
@@ -30,6 +30,7 @@ from ..config import ModelConfig
 from ..engine.engine import ENGINE_BACKENDS, PREEMPTION_MODES, Engine
 from ..engine.sampling import SamplingParams
 from ..models.llama import TinyLlama
+from . import DEFAULT_OUT, make_parent
 
 
 def parse_args(argv):
@@ -42,7 +43,8 @@ def parse_args(argv):
     p.add_argument("--preemption", choices=PREEMPTION_MODES, default="recompute")
     p.add_argument("--seed", type=int, default=0, help="seeds the weights and the workload")
     p.add_argument("--no-verify", action="store_true", help="skip the dense-reference check")
-    p.add_argument("--out", default="paged_np_demo.png", help="where to draw the run")
+    p.add_argument("--out", default=DEFAULT_OUT["demo"],
+                   help=f"where to draw the run (default {DEFAULT_OUT['demo']})")
     args = p.parse_args(argv)
     for name in ("requests", "pages", "page_size"):
         if getattr(args, name) < 1:
@@ -156,7 +158,7 @@ def main(argv: list[str]) -> int:
 
     fig = draw_engine_run(m, title=f"{args.requests} requests, {args.pages} pages of "
                                    f"{args.page_size}, {args.preemption} preemption")
-    fig.savefig(args.out, dpi=110)
+    fig.savefig(make_parent(args.out), dpi=110)
     print(f"drew {args.out}")
     return status
 
