@@ -23,6 +23,7 @@ from .errors import (
     ModelLoadError,
     OutOfPages,
     PagedNPError,
+    SequenceTooLong,
     ShapeError,
     StalePage,
     UnknownSequence,

@@ -10,14 +10,26 @@ import numpy as np
 
 from .errors import DTypeError, InvalidArgument, ShapeError
 
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
 
 def as_token_ids(x, name: str, allow_empty: bool = False) -> list:
-    """Validate a 1-D sequence of non-negative integer token ids; return a list of ints."""
-    if type(x) is list and x and all(type(t) is int for t in x):  # the engine's fast path
-        if min(x) < 0:
-            raise InvalidArgument(f"{name} holds a negative token id ({min(x)})")
+    """Validate a 1-D sequence of token ids in ``[0, 2**63)``; return a list of ints.
+
+    The upper bound is int64's: the prefix hash packs ids as int64, and the
+    model's embedding lookup indexes with them (it checks its own vocabulary).
+    """
+    if type(x) in (list, tuple) and x and all(type(t) is int for t in x):  # the engine's path
+        lo, hi = min(x), max(x)
+        if lo < 0:
+            raise InvalidArgument(f"{name} holds a negative token id ({lo})")
+        if hi > _INT64_MAX:
+            raise InvalidArgument(f"{name} holds token id {hi}, beyond int64 (max {_INT64_MAX})")
         return list(x)
-    arr = np.asarray(x)
+    try:
+        arr = np.asarray(x)
+    except (ValueError, TypeError, OverflowError) as e:     # ragged, or not numbers
+        raise DTypeError(f"{name} must be a 1-D sequence of integer token ids: {e}") from e
     if arr.ndim != 1:
         raise ShapeError(f"{name} must be 1-D, got shape {arr.shape}")
     if arr.size == 0:
@@ -28,6 +40,9 @@ def as_token_ids(x, name: str, allow_empty: bool = False) -> list:
         raise DTypeError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
     if arr.min() < 0:
         raise InvalidArgument(f"{name} holds a negative token id ({int(arr.min())})")
+    if int(arr.max()) > _INT64_MAX:                          # uint64 beyond int64
+        raise InvalidArgument(f"{name} holds token id {int(arr.max())}, beyond int64 "
+                              f"(max {_INT64_MAX})")
     return arr.tolist()
 
 

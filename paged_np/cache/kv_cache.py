@@ -32,6 +32,7 @@ from ..errors import (
     DuplicateSequence,
     InvalidArgument,
     OutOfPages,
+    SequenceTooLong,
     UnknownSequence,
 )
 from .arena import Arena
@@ -177,7 +178,9 @@ class PagedKVCache:
         Allocates pages as needed (evicting cached pages under the policy) and
         copies any shared page that would be written (copy-on-write). Calling
         it again before ``append_tokens`` returns the same positions' slots.
-        Raises ``OutOfPages`` and changes nothing when the pages are not there.
+        Raises ``OutOfPages`` and changes nothing when the pages are not there:
+        its subclass ``SequenceTooLong`` when they never will be (the sequence
+        would need more pages than the whole arena holds).
         """
         seq = self._get(seq_id)
         n = check_count(n, "n")
@@ -193,9 +196,9 @@ class PagedKVCache:
         pages_needed = -(-end // ps)
         released = _num_released(bt)  # pages given back by release_pages_before
         if pages_needed - released > self.cfg.num_pages:
-            raise InvalidArgument(
-                f"n={n}: the sequence would need {pages_needed - released} pages, more than "
-                f"the arena's num_pages={self.cfg.num_pages}"
+            raise SequenceTooLong(
+                f"n={n}: sequence {seq_id!r} would need {pages_needed - released} pages, more "
+                f"than the arena's num_pages={self.cfg.num_pages}: it can never fit"
             )
         # Pages this step writes into that someone else also holds: copy them first.
         ref = self.pool._ref  # read-only peek; the pool validated these ids when they came

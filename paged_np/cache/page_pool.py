@@ -20,8 +20,14 @@ CACHED      0                    the eviction policy, indexed by hash
 ==========  ===================  ====================================
 
 Every operation is O(1) (O(log n) under the heap-based FIFO/LFU policies):
-no ``list.remove``, no scan over all pages. ``benchmarks/pool_ops.py`` checks
-that the cost per operation stays flat from 1K to 1M pages.
+no ``list.remove``, no scan over all pages. ``benchmarks/pool_ops.py`` times
+each operation at 1K, 10K, 100K and 1M pages and writes the table to
+``benchmarks/pool_ops.md``; it measures, it asserts nothing. Its recorded run
+shows no O(n) step (that would make 1M pages ~1000x slower than 1K), but the
+cost is not flat either: allocation stays within 1.03x, while an eviction at
+1M pages costs 1.40x (LRU), 2.32x (FIFO) and 1.89x (LFU) what it costs at 1K,
+the O(log n) heap of FIFO/LFU plus cache misses on million-entry dicts (a bare
+``OrderedDict`` pop + insert alone grows 1.69x).
 """
 
 from __future__ import annotations

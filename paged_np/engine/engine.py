@@ -61,6 +61,10 @@ class _ParentRequest:
         self.reqs: list[Request] = []
 
 
+def _ratio(num: int, den: int) -> float:
+    return num / den if den else 0.0
+
+
 def _engine_int(name, value, low):
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise DTypeError(f"Engine: {name} must be an int, got {type(value).__name__}")
@@ -403,7 +407,14 @@ class Engine:
             "swapped_in": sched.num_swapped_in,
             "evictions": cs["evictions"],
             "cow_copies": cs["cow_copies"],
-            "prefix_hit_rate": cs["hit_rate"],
+            # Prompt tokens served by the prefix cache at their first admission...
+            "prefix_hit_rate": _ratio(sched.num_prompt_hit_tokens, sched.num_prompt_tokens),
+            "prompt_tokens": sched.num_prompt_tokens,
+            "prefix_hit_tokens": sched.num_prompt_hit_tokens,
+            # ...and, apart, tokens found in the cache again when a preempted request
+            # came back (cache.stats()["hit_rate"] counts both together).
+            "readmitted_tokens": sched.num_readmitted_tokens,
+            "readmitted_hit_tokens": sched.num_readmitted_hit_tokens,
             "peak_pages_in_use": st["peak_pages_in_use"],
             "num_pages": cs["num_pages"],
             "tokens_per_s": st["generated_tokens"] / total if total else 0.0,

@@ -156,6 +156,11 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_swapped_out = 0
         self.num_swapped_in = 0
+        # Prefix-cache reuse, split by why the tokens were known (see Engine.metrics):
+        self.num_prompt_tokens = 0           # prompts at their first admission
+        self.num_prompt_hit_tokens = 0       # ... of which the prefix cache served
+        self.num_readmitted_tokens = 0       # tokens known again after a preemption
+        self.num_readmitted_hit_tokens = 0   # ... of which the prefix cache served
 
     # ------------------------------------------------------------------ step
     def schedule(self) -> SchedulerOutput:
@@ -250,7 +255,24 @@ class Scheduler:
         if swapped:
             self.swap.release(req)
             self.num_swapped_in += 1
+        self._count_reuse(req, len(known), n_hit)
         return n, slots
+
+    def _count_reuse(self, req: Request, n_known: int, n_hit: int) -> None:
+        """Count an admission's prefix hits as prompt hits or as reuse after preemption.
+
+        A request preempted by recompute comes back with its prompt *and* its
+        generated tokens, and finds many of its own pages still cached: that is
+        the cache saving recomputation, not prompts sharing a prefix, so it is
+        kept apart from the prompt hit rate.
+        """
+        if req.num_preemptions == 0:
+            if req.sample.index == 0:                    # the prompt, seen for the first time
+                self.num_prompt_tokens += n_known
+                self.num_prompt_hit_tokens += n_hit
+        else:
+            self.num_readmitted_tokens += n_known
+            self.num_readmitted_hit_tokens += n_hit
 
     # ------------------------------------------------------------ preemption
     def _preempt(self, req: Request) -> None:
