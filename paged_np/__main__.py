@@ -11,7 +11,8 @@ import sys
 
 # subcommand -> (module, one-line help)
 COMMANDS = {
-    "demo": ("paged_np.cli.demo", "serve a small model under memory pressure, check it, draw it"),
+    "demo": ("paged_np.cli.demo",
+             "serve SmolLM2 (--model tiny: a toy) under memory pressure, check it, draw it"),
     "walkthrough": ("paged_np.cli.walkthrough",
                     "a narrated tour of the cache: prefixes, forks, eviction"),
     "bench": ("paged_np.cli.bench",

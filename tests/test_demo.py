@@ -5,7 +5,8 @@ from __future__ import annotations
 from paged_np.cli import demo
 from paged_np.models.llama import TinyLlama
 
-ARGS = ["--requests", "6", "--pages", "24", "--page-size", "8", "--backend", "numpy"]
+ARGS = ["--model", "tiny", "--requests", "6", "--pages", "24", "--page-size", "8",
+        "--backend", "numpy"]
 
 
 def test_demo_serves_verifies_and_draws(tmp_path, capsys):

@@ -1,4 +1,6 @@
-"""``python -m paged_np demo``: serve a small model under memory pressure, check it, draw it.
+"""``python -m paged_np demo --model tiny``: the toy demo, random weights over token ids.
+
+Without ``--model tiny`` the demo serves a real model (:mod:`.demo_model`).
 
 A TinyLlama with seeded random weights serves a stream of requests that do
 not all fit in the cache at once. Half of them start with the same system
@@ -37,7 +39,9 @@ from . import DEFAULT_OUT, make_parent
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m paged_np demo", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m paged_np demo --model tiny",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--model", choices=["tiny"], default="tiny", help="the toy model")
     p.add_argument("--requests", type=int, default=32, help="number of requests (default 32)")
     p.add_argument("--pages", type=int, default=40, help="pages in the cache (default 40)")
     p.add_argument("--page-size", type=int, default=16, help="tokens per page (default 16)")
@@ -143,9 +147,19 @@ def summary(m: dict, n_requests: int, n_failed: int) -> str:
     return "\n".join([line] + [f"{k:<{width}}  {v}" for k, v in rows] + [line])
 
 
+def wants_toy(argv) -> bool:
+    """``--model tiny`` (or ``--model=tiny``) among the arguments."""
+    return any(a == "--model=tiny" or (a == "--model" and argv[i + 1:i + 2] == ["tiny"])
+               for i, a in enumerate(argv))
+
+
 def main(argv: list[str]) -> int:
     from tqdm import tqdm
 
+    if not wants_toy(argv):
+        from . import demo_model
+
+        return demo_model.main(argv)
     args = parse_args(argv)
     model = TinyLlama.random(ModelConfig(), seed=args.seed)
     work = make_workload(args.requests, model.cfg.vocab_size, args.seed)
