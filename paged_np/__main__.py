@@ -1,4 +1,4 @@
-"""Command line: ``python -m paged_np {demo,walkthrough,bench,simulate,info}``.
+"""Command line: ``python -m paged_np {demo,chat,walkthrough,bench,simulate,info}``.
 
 Each subcommand lives in its own module and is imported only when asked for,
 so ``python -m paged_np info`` stays fast and never compiles a kernel.
@@ -13,6 +13,7 @@ import sys
 COMMANDS = {
     "demo": ("paged_np.cli.demo",
              "serve SmolLM2 (--model tiny: a toy) under memory pressure, check it, draw it"),
+    "chat": ("paged_np.cli.chat", "chat with SmolLM2 in the terminal, streamed, cache status"),
     "walkthrough": ("paged_np.cli.walkthrough",
                     "a narrated tour of the cache: prefixes, forks, eviction"),
     "bench": ("paged_np.cli.bench",
