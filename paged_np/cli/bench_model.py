@@ -1,0 +1,228 @@
+"""Batch-1 decode speed of a real model, against the weight-streaming bound.
+
+At batch 1, every generated token multiplies one vector by every weight
+matrix: the whole model (513 MiB of float32 for SmolLM2-135M) is read from
+memory once per token, and the arithmetic is 2 flops per weight. The speed
+limit is therefore the memory bus::
+
+    bound (tokens/s) = read bandwidth (bytes/s) / weight bytes read per token
+
+:func:`measure_decode` measures both in the same run, alternating, with the
+BLAS and Numba thread counts pinned (see :mod:`paged_np.models.blas`), and
+returns tokens/s and its fraction of the bound. The read bandwidth is the
+faster of two streaming reads at the same thread count: a Numba sum over
+512 MiB and a BLAS matrix-vector product over a 256 MiB matrix (the
+operation decode is made of). :func:`measure_transformers_decode` times
+transformers' ``LlamaForCausalLM`` on the same weights (float32, KV cache,
+same threads) when torch is installed.
+
+Usage (``benchmarks/model_decode.py`` wraps it and writes the table)::
+
+    python -m paged_np.cli.bench_model --threads 1 2 --out benchmarks
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..cache.kv_cache import PagedKVCache
+from ..config import CacheConfig
+from ..models.blas import get_blas_threads, pinned_threads
+from ..models.llama import ForwardBatch
+
+
+def weight_bytes_per_token(model) -> int:
+    """Bytes of weights one decode step reads: every matrix once (the tied LM head
+    counted once, as the head; the embedding lookup reads one row)."""
+    return model.nbytes
+
+
+def gemv_bandwidth(repeat: int = 5, mib: int = 256) -> float:
+    """GB/s of a float32 matrix-vector product over a ``mib`` MiB matrix (BLAS)."""
+    w = np.ones((mib * 2**20 // 4 // 1024, 1024), np.float32)
+    x = np.ones((1, w.shape[0]), np.float32)
+    best = float("inf")
+    for _ in range(repeat + 1):
+        t0 = time.perf_counter()
+        x @ w
+        best = min(best, time.perf_counter() - t0)
+    return w.nbytes / best / 1e9
+
+
+def read_bandwidth(repeat: int = 5) -> float:
+    """Streaming read bandwidth (GB/s) at the current thread count: the faster of a
+    Numba sum over 512 MiB and a BLAS matrix-vector product over 256 MiB."""
+    from .bench import stream_bandwidth
+
+    return max(stream_bandwidth(repeat), gemv_bandwidth(repeat))
+
+
+def _decode_steps(model, prompt_ids, n_tokens: int, backend: str, page_size: int = 16):
+    """Prefill ``prompt_ids`` through the paged cache, then time ``n_tokens`` greedy
+    decode steps one by one; returns the seconds of each step."""
+    cfg = model.cfg
+    total = len(prompt_ids) + n_tokens
+    cache = PagedKVCache(CacheConfig(num_pages=total // page_size + 2, page_size=page_size,
+                                     num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads,
+                                     head_dim=cfg.head_dim))
+    cache.add_sequence(0, list(prompt_ids))
+    new, times = list(prompt_ids), []
+    for step in range(n_tokens + 1):                              # step 0 is the prefill
+        t0 = time.perf_counter()
+        start = cache.num_tokens(0)
+        slots = cache.allocate_slots(0, len(new))
+        meta = cache.batch([0])
+        batch = ForwardBatch(np.asarray(new, np.int64),
+                             np.arange(start, start + len(new), dtype=np.int64), slots,
+                             np.array([0, len(new)], np.int32), meta.block_tables,
+                             meta.seq_lens, np.array([len(new) - 1], np.int64))
+        logits = model.forward(batch, cache, backend=backend)    # [1, V]
+        cache.append_tokens(0, new)
+        new = [int(np.argmax(logits[0]))]
+        if step:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def measure_decode(model, prompt_len: int = 64, n_tokens: int = 16, threads: int = 1,
+                   rounds: int = 3, backend: str = "auto", bandwidth: bool = True,
+                   seed: int = 0) -> dict:
+    """Batch-1 greedy decode through the paged cache, with ``threads`` BLAS/Numba threads.
+
+    Alternates ``rounds`` times between a decode run (a ``prompt_len``-token
+    random prompt, then ``n_tokens`` timed steps) and a bandwidth measurement;
+    keeps the best of each (the least disturbed moment of a shared machine).
+    Returns ``tokens_per_s``, ``ms_per_token``, ``weight_bytes``,
+    ``bandwidth_gbs``, ``bound_tokens_per_s``, ``fraction_of_bound``, ``threads``.
+    """
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(3, model.cfg.vocab_size, prompt_len).tolist()
+    best_step, best_bw = float("inf"), 0.0
+    with pinned_threads(threads):
+        _decode_steps(model, prompt[:8], 2, backend)              # compile, warm the caches
+        for _ in range(rounds):
+            steps = _decode_steps(model, prompt, n_tokens, backend)
+            best_step = min(best_step, float(np.median(steps)))
+            if bandwidth:
+                best_bw = max(best_bw, read_bandwidth(3))
+    nbytes = weight_bytes_per_token(model)
+    out = dict(threads=threads, blas_threads=threads if get_blas_threads() is not None else None,
+               prompt_len=prompt_len, n_tokens=n_tokens, ms_per_token=best_step * 1e3,
+               tokens_per_s=1.0 / best_step, weight_bytes=nbytes)
+    if bandwidth:
+        bound = best_bw * 1e9 / nbytes
+        out.update(bandwidth_gbs=best_bw, bound_tokens_per_s=bound,
+                   fraction_of_bound=out["tokens_per_s"] / bound)
+    return out
+
+
+def measure_transformers_decode(model, prompt_len: int = 64, n_tokens: int = 16,
+                                threads: int = 1, rounds: int = 3, seed: int = 0) -> dict | None:
+    """The same decode with transformers' ``LlamaForCausalLM`` on the same weights
+    (float32, eager attention, its KV cache, ``torch.set_num_threads(threads)``).
+    None when torch or transformers is not installed."""
+    try:
+        import torch
+        from transformers import LlamaForCausalLM
+    except ImportError:
+        return None
+    from ..models.hf import save_hf
+
+    with tempfile.TemporaryDirectory() as tmp:
+        save_hf(tmp, model.cfg, model.w)
+        hf = LlamaForCausalLM.from_pretrained(tmp, torch_dtype=torch.float32,
+                                              attn_implementation="eager").eval()
+    rng = np.random.default_rng(seed)
+    prompt = torch.tensor([rng.integers(3, model.cfg.vocab_size, prompt_len).tolist()])
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    best = float("inf")
+    try:
+        with torch.inference_mode(), pinned_threads(threads):
+            for r in range(rounds + 1):
+                out = hf(prompt, use_cache=True)
+                past, tok, steps = out.past_key_values, out.logits[:, -1:].argmax(-1), []
+                for _ in range(n_tokens):
+                    t0 = time.perf_counter()
+                    out = hf(tok, past_key_values=past, use_cache=True)
+                    past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+                    steps.append(time.perf_counter() - t0)
+                if r:                                            # round 0 warms up
+                    best = min(best, float(np.median(steps)))
+    finally:
+        torch.set_num_threads(old)
+    return dict(threads=threads, ms_per_token=best * 1e3, tokens_per_s=1.0 / best,
+                torch=torch.__version__)
+
+
+def write_table(rows: list[dict], model_name: str) -> str:
+    """The markdown table of :func:`main`'s results."""
+    lines = [
+        f"# Batch-1 decode: {model_name}",
+        "",
+        "Written by `python benchmarks/model_decode.py` (`paged_np/cli/bench_model.py`).",
+        f"Machine: {platform.machine()}, {platform.processor() or platform.system()}, "
+        f"Python {platform.python_version()}, NumPy {np.__version__}. Greedy decode through the "
+        "paged cache after a 64-token prompt; median step of 16, best of 3 rounds. Bound = read "
+        "bandwidth measured in the same run / weight bytes per token.",
+        "",
+        "| engine | threads | ms/token | tokens/s | weights MiB/token | read GB/s | "
+        "bound tokens/s | % of bound | vs transformers |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    peer = {r["threads"]: r for r in rows if r["engine"] == "transformers"}
+    for r in rows:
+        vs = ""
+        if r["engine"] == "paged_np" and r["threads"] in peer:
+            vs = f"{r['tokens_per_s'] / peer[r['threads']]['tokens_per_s']:.2f}x"
+        bw = (f"{r['bandwidth_gbs']:.1f}", f"{r['bound_tokens_per_s']:.1f}",
+              f"{100 * r['fraction_of_bound']:.0f}%") if "bandwidth_gbs" in r else ("", "", "")
+        mib = f"{r['weight_bytes'] / 2**20:.0f}" if "weight_bytes" in r else ""
+        lines.append(f"| {r['engine']} | {r['threads']} | {r['ms_per_token']:.1f} | "
+                     f"{r['tokens_per_s']:.1f} | {mib} | {bw[0]} | {bw[1]} | {bw[2]} | {vs} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..models import load_model
+
+    ap = argparse.ArgumentParser(prog="python -m paged_np.cli.bench_model",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-peer", action="store_true", help="skip transformers")
+    ap.add_argument("--out", default=None, help="folder for model_decode.md")
+    args = ap.parse_args(argv)
+    model, _ = load_model(args.model)
+    rows = []
+    for t in args.threads:
+        r = measure_decode(model, threads=t, rounds=args.rounds)
+        rows.append(dict(engine="paged_np", **r))
+        print(f"paged_np     threads={t}: {r['tokens_per_s']:.1f} tokens/s, "
+              f"{100 * r['fraction_of_bound']:.0f}% of {r['bound_tokens_per_s']:.1f} "
+              f"({r['bandwidth_gbs']:.1f} GB/s)", flush=True)
+        if not args.no_peer:
+            p = measure_transformers_decode(model, threads=t, rounds=args.rounds)
+            if p is None:
+                print("transformers: not installed (pip install torch==2.13.0 transformers)")
+            else:
+                rows.append(dict(engine="transformers", **p))
+                print(f"transformers threads={t}: {p['tokens_per_s']:.1f} tokens/s", flush=True)
+    table = write_table(rows, args.model)
+    print(table)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "model_decode.md").write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
