@@ -51,7 +51,9 @@ class CacheConfig:
     """Shape of the paged KV cache.
 
     The arena is ``[num_layers, 2, num_pages, num_kv_heads, page_size, head_dim]``
-    (``2`` = K and V), allocated once.
+    (``2`` = K and V), allocated once. ``eviction_policy`` is ``"lru"``,
+    ``"fifo"``, ``"lfu"`` or a subclass of :class:`~paged_np.EvictionPolicy`
+    (each cache makes its own object of it).
 
     Example
     -------
@@ -67,7 +69,7 @@ class CacheConfig:
     num_kv_heads: int = 1
     head_dim: int = 64
     dtype: object = np.float32
-    eviction_policy: str = "lru"
+    eviction_policy: object = "lru"
 
     def __post_init__(self):
         for name in ("num_pages", "page_size", "num_layers", "num_kv_heads", "head_dim"):
@@ -79,10 +81,14 @@ class CacheConfig:
         if dt not in KV_DTYPES:
             raise DTypeError(f"CacheConfig.dtype must be float32 or float16, got {dt}")
         object.__setattr__(self, "dtype", dt)
-        if self.eviction_policy not in EVICTION_POLICIES:
+        from .cache.eviction import EvictionPolicy
+
+        policy = self.eviction_policy
+        is_class = isinstance(policy, type) and issubclass(policy, EvictionPolicy)
+        if not is_class and not (isinstance(policy, str) and policy in EVICTION_POLICIES):
             raise InvalidArgument(
-                f"CacheConfig.eviction_policy must be one of {EVICTION_POLICIES}, "
-                f"got {self.eviction_policy!r}"
+                f"CacheConfig.eviction_policy must be one of {EVICTION_POLICIES} or an "
+                f"EvictionPolicy subclass, got {policy!r}"
             )
 
     @property

@@ -43,8 +43,9 @@ class PagePool:
         Pages in the arena.
     page_size : int
         Token slots per page (the pool only reports it; it never looks inside).
-    eviction_policy : {"lru", "fifo", "lfu"}
-        Which CACHED page an allocation evicts when no page is FREE.
+    eviction_policy : {"lru", "fifo", "lfu"}, an EvictionPolicy subclass or an empty instance
+        Which CACHED page an allocation evicts when no page is FREE (see
+        :mod:`paged_np.cache.eviction` to write your own).
 
     Example
     -------
@@ -55,7 +56,7 @@ class PagePool:
     4
     """
 
-    def __init__(self, num_pages: int, page_size: int, eviction_policy: str = "lru"):
+    def __init__(self, num_pages: int, page_size: int, eviction_policy="lru"):
         from ..config import _positive_int
 
         self.num_pages = _positive_int("num_pages", num_pages, "PagePool")

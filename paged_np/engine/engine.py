@@ -79,7 +79,8 @@ class Engine:
     max_num_seqs : most sequences running at once.
     max_num_batched_tokens : most tokens in one step (prefill chunks + decodes).
     preemption_mode : "recompute" or "swap" (see :mod:`paged_np.engine.scheduler`).
-    eviction_policy : "lru" (default), "fifo" or "lfu": which cached page goes first.
+    eviction_policy : "lru" (default), "fifo", "lfu" or an EvictionPolicy subclass: which
+        cached page goes first.
     backend : paged attention backend, "numba", "numpy" or "auto".
     swap_pages : pages of host swap space (swap mode); default ``num_pages``.
     record_events : keep ``cache.events`` (for drawings; off for long runs).
