@@ -317,6 +317,10 @@ class PagedKVCache:
         """The bookkeeping object of one sequence (read it, do not change it)."""
         return self._get(seq_id)
 
+    def num_released_pages(self, seq_id) -> int:
+        """Leading block-table entries given back by :meth:`release_pages_before` (-1 now)."""
+        return _num_released(self._get(seq_id).block_table)
+
     def num_computed_tokens(self, seq_id) -> int:
         """Tokens of the sequence whose KV is written."""
         return self._get(seq_id).num_computed_tokens
