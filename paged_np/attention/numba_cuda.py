@@ -207,7 +207,7 @@ def launch(p: Plan, q, k_pages, v_pages, block_tables, seq_lens, query_start_loc
 # ---------------------------------------------------------------------------
 def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
             sliding_window, return_lse, *, num_splits=None):
-    """Paged attention on the GPU (the internal backend contract, see DESIGN.md).
+    """Paged attention on the GPU (the internal backend contract, see docs/design.md).
 
     q [T, H, D] float32; k_pages, v_pages [num_pages, Hkv, page_size, D]
     float32|float16; block_tables int32 [B, max_pages]; seq_lens int32 [B];

@@ -1,6 +1,6 @@
 """PagedKVCache: the facade over the arena, the page pool and the sequences.
 
-The life of a sequence is four calls (see DESIGN.md)::
+The life of a sequence is four calls (see docs/design.md)::
 
     n_hit = cache.add_sequence("a", prompt)   # reuse cached prefix pages
     slots = cache.allocate_slots("a", n)      # slots for the next n tokens
