@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .checks import check_positive_int
 from .errors import DTypeError, InvalidArgument
 
 # ---------------------------------------------------------------------------
@@ -36,14 +37,6 @@ JIT_OPTIONS = dict(cache=not BOUNDSCHECK, fastmath=True, nogil=True, boundscheck
 
 EVICTION_POLICIES = ("lru", "fifo", "lfu")
 KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
-
-
-def _positive_int(name: str, value, owner: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise DTypeError(f"{owner}.{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise InvalidArgument(f"{owner}.{name} must be >= 1, got {value}")
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -73,7 +66,8 @@ class CacheConfig:
 
     def __post_init__(self):
         for name in ("num_pages", "page_size", "num_layers", "num_kv_heads", "head_dim"):
-            object.__setattr__(self, name, _positive_int(name, getattr(self, name), "CacheConfig"))
+            object.__setattr__(self, name, check_positive_int(f"CacheConfig.{name}",
+                                                              getattr(self, name)))
         try:
             dt = np.dtype(self.dtype)
         except TypeError as e:
@@ -126,7 +120,8 @@ class ModelConfig:
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                      "head_dim", "intermediate_size"):
-            object.__setattr__(self, name, _positive_int(name, getattr(self, name), "ModelConfig"))
+            object.__setattr__(self, name, check_positive_int(f"ModelConfig.{name}",
+                                                              getattr(self, name)))
         if self.num_heads % self.num_kv_heads:
             raise InvalidArgument(
                 f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
@@ -141,5 +136,5 @@ class ModelConfig:
             raise InvalidArgument(
                 f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
         if self.sliding_window is not None:
-            object.__setattr__(self, "sliding_window", _positive_int(
-                "sliding_window", self.sliding_window, "ModelConfig"))
+            object.__setattr__(self, "sliding_window", check_positive_int(
+                "ModelConfig.sliding_window", self.sliding_window))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..checks import as_extra_key, as_token_ids, check_count
+from ..checks import as_extra_key, as_token_ids, check_int, check_positive_int
 from ..config import CacheConfig
 from ..errors import (
     DTypeError,
@@ -180,7 +180,7 @@ class PagedKVCache:
         Raises ``OutOfPages`` and changes nothing when the pages are not there.
         """
         seq = self._get(seq_id)
-        n = check_count(n, "n")
+        n = check_positive_int("n", n)
         ps = self.page_size
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
         bt = seq.block_table
@@ -282,13 +282,12 @@ class PagedKVCache:
         always a prefix of the block table. Returns how many pages were released.
         """
         seq = self._get(seq_id)
-        if isinstance(num_tokens, bool) or not hasattr(num_tokens, "__index__"):
-            raise DTypeError(f"num_tokens must be an int, got {type(num_tokens).__name__}")
+        num_tokens = check_int("num_tokens", num_tokens)
         bt = seq.block_table
         first = _num_released(bt)
         ps = self.page_size
         # Whole pages below num_tokens, and only pages whose tokens are all written.
-        last = min(max(int(num_tokens), 0) // ps, len(bt), seq.num_computed_tokens // ps)
+        last = min(max(num_tokens, 0) // ps, len(bt), seq.num_computed_tokens // ps)
         self._actor = seq_id
         for i in range(last - 1, first - 1, -1):  # tail-first, as in free()
             self.pool.free(bt[i])
