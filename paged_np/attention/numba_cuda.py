@@ -282,7 +282,7 @@ class DeviceArena(Arena):
     """The arena ``[num_layers, 2, num_pages, num_kv_heads, page_size, head_dim]`` on the GPU.
 
     ``PagedKVCache(cfg, device="cuda")`` holds one instead of the host
-    :class:`~paged_np.arena.Arena`: same layout, same methods, same checks (the
+    :class:`~paged_np.cache.arena.Arena`: same layout, same methods, same checks (the
     layer and slot checks are inherited), but ``data`` is a device array, writes
     and copy-on-write copies run as kernels, and ``layer(i)`` gives the
     ``k_pages, v_pages`` device views that :func:`forward` reads without a copy.
