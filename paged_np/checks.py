@@ -1,8 +1,9 @@
 """Argument checks: one set, called once where a value enters the package.
 
 Every public function and constructor (the configs, the cache, the pool, the
-arena, the model, the engine, sampling, attention) checks its scalar arguments
-with these few functions, so the same mistake gets the same error everywhere.
+arena, the model, the engine, sampling, attention) checks its integer arguments
+and its token ids with these few functions, once, where the value comes in, so
+the same mistake gets the same error everywhere.
 Each returns the value normalised (an ``int``, a list of ints, bytes) or raises
 a named error from :mod:`paged_np.errors` whose message starts with the
 argument's name:
