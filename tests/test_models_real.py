@@ -46,9 +46,8 @@ def paged_greedy(model, prompt_ids, max_tokens, stop_token_ids, page_size=16):
                                              num_kv_heads=cfg.num_kv_heads,
                                              head_dim=cfg.head_dim))
     cache.add_sequence(0, list(prompt_ids))
-    out, new = [], list(prompt_ids)
+    out, new, start = [], list(prompt_ids), 0                   # start: tokens in the cache
     while len(out) < max_tokens:
-        start = cache.num_tokens(0)
         slots = cache.allocate_slots(0, len(new))
         meta = cache.batch([0])
         batch = ForwardBatch(np.asarray(new, dtype=np.int64),
@@ -57,6 +56,7 @@ def paged_greedy(model, prompt_ids, max_tokens, stop_token_ids, page_size=16):
                              meta.seq_lens, np.array([len(new) - 1], dtype=np.int64))
         logits = model.forward(batch, cache)                     # [1, V]
         cache.append_tokens(0, new)
+        start += len(new)
         tok = int(np.argmax(logits[0]))
         out.append(tok)
         if tok in stop_token_ids:
