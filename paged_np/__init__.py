@@ -94,6 +94,7 @@ __all__ = [
     "ModelLoadError",
     "OutOfPages",
     "PagedNPError",
+    "SequenceTooLong",
     "ShapeError",
     "StalePage",
     "UnknownSequence",

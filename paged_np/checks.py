@@ -51,6 +51,7 @@ def check_positive_int(name: str, value) -> int:
     """Validate a count or a size ``>= 1``; return it as an ``int``."""
     return check_int(name, value, low=1)
 
+
 _INT64_MAX = int(np.iinfo(np.int64).max)
 
 
