@@ -395,6 +395,10 @@ def parse_args(argv):
 
 
 def main(argv: list[str]) -> int:
+    if any(a == "--model" or a.startswith("--model=") for a in argv):   # a real model
+        from .bench_serving import main as bench_model_serving
+
+        return bench_model_serving(argv)
     args = parse_args(argv)
     try:
         import torch

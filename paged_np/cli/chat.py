@@ -86,6 +86,10 @@ def main(argv: list[str], stdin=None, stdout=None) -> int:
     except ModelLoadError as e:
         print(f"chat: cannot load {args.model!r}: {e}", file=sys.stderr)
         return 1
+    from .demo import warm_up
+
+    compile_s = warm_up(llm.model, llm.engine.cache.cfg.page_size, args.backend)
+    print(f"JIT compile + first calls (kept out of tokens/s): {compile_s:.2f} s", file=stdout)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
     start = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(start)
