@@ -100,7 +100,7 @@ def main(argv: list[str]) -> int:
 
     from ..engine.llm import LLM
     from ..engine.sampling import SamplingParams
-    from ..errors import ModelLoadError
+    from ..errors import ModelLoadError, PagedNPError
     from . import demo as toy
 
     args = parse_args(argv)
@@ -122,9 +122,13 @@ def main(argv: list[str]) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0)
     print(f"serving {len(questions)} chat requests (shared default system prompt) on "
           f"{args.pages} pages of {args.page_size} tokens, {args.preemption} preemption")
-    for i, q in enumerate(questions):
-        llm.add_request(i, llm.tokenizer.apply_chat_template([{"role": "user", "content": q}]),
-                        params)
+    try:
+        for i, q in enumerate(questions):
+            llm.add_request(i, llm.tokenizer.apply_chat_template([{"role": "user", "content": q}]),
+                            params)
+    except PagedNPError as e:                    # e.g. a prompt longer than the whole cache
+        print(f"demo: {e} (raise --pages or --page-size)", file=sys.stderr)
+        return 1
     results = {}
     t0 = time.perf_counter()
     with tqdm(total=len(questions), unit="req", desc="serving", leave=False) as bar:
