@@ -60,10 +60,13 @@ def parse_args(argv):
     p.add_argument("--backend", choices=ENGINE_BACKENDS, default="auto")
     p.add_argument("--preemption", choices=PREEMPTION_MODES, default="recompute")
     p.add_argument("--no-verify", action="store_true", help="skip the dense check")
+    p.add_argument("--threads", type=int, default=1,
+                   help="BLAS and Numba threads (default 1: spinning BLAS threads are slow "
+                        "on a busy machine, see paged_np.models.blas)")
     p.add_argument("--out", default=DEFAULT_OUT["demo"],
                    help=f"where to draw the run (default {DEFAULT_OUT['demo']})")
     args = p.parse_args(argv)
-    for name in ("requests", "max_tokens", "pages", "page_size", "max_num_seqs"):
+    for name in ("requests", "max_tokens", "pages", "page_size", "max_num_seqs", "threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     return args
@@ -96,6 +99,14 @@ def verify(model, outs, stop_token_ids, max_tokens):
 
 
 def main(argv: list[str]) -> int:
+    from ..models.blas import pinned_threads
+
+    args = parse_args(argv)
+    with pinned_threads(args.threads):
+        return run(args)
+
+
+def run(args) -> int:
     from tqdm import tqdm
 
     from ..engine.llm import LLM
@@ -103,7 +114,6 @@ def main(argv: list[str]) -> int:
     from ..errors import ModelLoadError, PagedNPError
     from . import demo as toy
 
-    args = parse_args(argv)
     t_start = time.perf_counter()
     try:
         llm = LLM(args.model, num_pages=args.pages, page_size=args.page_size,
