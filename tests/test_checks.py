@@ -54,9 +54,8 @@ def test_public_entries_use_the_shared_checks(call, message):
         call()
 
 
-# Kernel-side re-validation belongs to the attention backends' own issue (14, item 1);
-# everything else checks scalar ints through paged_np/checks.py.
-ALLOWED = {"paged_np/checks.py", "paged_np/attention/numba_cuda.py"}
+# Every module checks scalar ints through paged_np/checks.py.
+ALLOWED = {"paged_np/checks.py"}
 HAND_WRITTEN = re.compile(r"must be an int\b(?!eger)|isinstance\(\w+, \(int, np\.integer\)\)")
 
 

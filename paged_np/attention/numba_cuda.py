@@ -31,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..cache.arena import Arena
+from ..checks import check_positive_int
 from ..config import CacheConfig
 from ..errors import CudaUnavailable, DTypeError, IndexOutOfRange, ShapeError
 
@@ -177,8 +178,7 @@ def plan(seq_lens, query_start_loc, num_heads: int, num_kv_heads: int,
         want = -(-4 * _sm_count() // blocks)                  # ~4 blocks per SM
         longest = int(seq_lens.max(initial=0))
         num_splits = int(max(1, min(want, longest // 256, 64)))
-    if not (isinstance(num_splits, (int, np.integer)) and num_splits >= 1):
-        raise ShapeError(f"num_splits must be an int >= 1, got {num_splits!r}")
+    num_splits = check_positive_int("num_splits", num_splits)
     return Plan(cuda.to_device(work_seq), cuda.to_device(work_row0), num_work,
                 int(num_splits), group)
 

@@ -335,6 +335,10 @@ class PagedKVCache:
         return list(self._seqs)
 
     def stats(self) -> dict:
+        """Pool counts and counters. ``hits``/``queries``/``hit_rate``: tokens reused over
+        tokens passed to every ``add_sequence`` call, whatever the reason for the call (a
+        re-admission after preemption, a retry, a new prompt); the engine's
+        ``metrics["prefix_hit_rate"]`` counts prompts at their first admission only."""
         pool = self.pool
         return {
             "num_pages": self.cfg.num_pages,
