@@ -238,11 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         elif not args.no_peer:
             line += "; transformers not installed (pip install torch==2.13.0 transformers)"
         print(line, flush=True)
-    table = write_table(rows, args.model)
-    print(table)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "model_decode.md").write_text(table)
+        if args.out:                                             # after each row: a slow
+            Path(args.out).mkdir(parents=True, exist_ok=True)    # machine keeps what it got
+            (Path(args.out) / "model_decode.md").write_text(write_table(rows, args.model))
+    print(write_table(rows, args.model))
     return 0
 
 
