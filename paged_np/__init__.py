@@ -11,18 +11,23 @@ from .config import CacheConfig, ModelConfig
 from .engine.engine import Engine
 from .engine.sampling import SamplingParams
 from .errors import (
+    ChatTemplateError,
     CudaUnavailable,
     DTypeError,
     DuplicateSequence,
     IndexOutOfRange,
     InvalidArgument,
     InvalidBlockTable,
+    ModelFetchError,
+    ModelLoadError,
     OutOfPages,
     PagedNPError,
     ShapeError,
     StalePage,
     UnknownSequence,
 )
-from .models.llama import TinyLlama
+from .models import load_model
+from .models.llama import LlamaModel, TinyLlama
+from .models.tokenizer import IncrementalDetokenizer, Tokenizer
 
 __version__ = "0.1.0"
