@@ -317,11 +317,13 @@ class EngineLoop:
         self._update_gauges()
 
     def _apply_inbox(self) -> None:
+        applied = False
         while True:
             try:
                 msg = self._inbox.get_nowait()
             except queue.Empty:
-                return
+                break
+            applied = True
             if msg[0] == "abort":
                 self._abort(msg[1], None)
                 continue
@@ -336,6 +338,8 @@ class EngineLoop:
             self._streams[rid] = stream
             with self.metrics.lock:
                 self.metrics.counters["prompt_tokens_total"] += len(prompt_ids)
+        if applied:                                      # an abort frees pages: show it now
+            self._update_gauges()
 
     def _abort(self, rid, reason) -> None:
         """Drop a request (client gone, or shutdown); its pages go back to the pool."""
@@ -567,21 +571,29 @@ def create_app(llm, served_model_name: str | None = None, max_n: int | None = No
 
     async def results(request: Request, rid: str, q: asyncio.Queue):
         """Yield the request's updates until it finishes; abort it if the client leaves."""
+
+        async def watch_disconnect():
+            # The body has been read: the next message the server sends us is the
+            # client hanging up. (uvicorn drops writes to a closed socket silently,
+            # so writing alone would never tell us.)
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            q.put_nowait(None)
+
+        watcher = asyncio.create_task(watch_disconnect())
         done = False
         try:
             while True:
-                try:
-                    u = await asyncio.wait_for(q.get(), timeout=1.0)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        return
-                    continue
+                u = await q.get()
+                if u is None:                           # the client went away
+                    return
                 done = u.finished
                 yield u
                 if done:
                     return
         finally:
-            if not done:                                # the client went away (or we stopped)
+            watcher.cancel()
+            if not done:                                # the client left (or we stopped)
                 srv.loop.abort(rid)
 
     @app.get("/health")
@@ -657,39 +669,44 @@ async def _stream(request, updates, base, chat, n, holdback, include_usage):
             body["usage"] = usage
         return f"data: {json.dumps(body)}\n\n"
 
-    if chat:                                             # OpenAI opens with the role
-        yield chunk([{"index": j, "delta": {"role": "assistant", "content": ""},
-                      "logprobs": None, "finish_reason": None} for j in range(n)])
     last = None
-    async for u in updates:
-        last = u
-        if u.error is not None:
-            err = APIError(u.status, u.error, None, "engine_error", "server_error")
-            yield f"data: {json.dumps(err.body())}\n\n"
-            break
-        choices = []
-        for j in range(n):
-            if finished[j]:
-                continue
-            text, reason = u.texts[j], u.finish_reasons[j]
-            # While unfinished, keep back what could be the start of a stop string.
-            visible = len(text) if reason is not None else max(len(text) - holdback, sent[j])
-            delta = text[sent[j]:visible]
-            sent[j] = visible
-            if not delta and reason is None:
-                continue
-            finished[j] = reason is not None
-            if chat:
-                choices.append({"index": j, "delta": {"content": delta} if delta else {},
-                                "logprobs": None, "finish_reason": reason})
-            else:
-                choices.append({"index": j, "text": delta, "logprobs": None,
-                                "finish_reason": reason})
-        if choices:
-            yield chunk(choices)
-    if include_usage and last is not None and last.error is None:
-        yield chunk([], _usage(last))
-    yield "data: [DONE]\n\n"
+    try:
+        if chat:                                         # OpenAI opens with the role
+            yield chunk([{"index": j, "delta": {"role": "assistant", "content": ""},
+                          "logprobs": None, "finish_reason": None} for j in range(n)])
+        async for u in updates:
+            last = u
+            if u.error is not None:
+                err = APIError(u.status, u.error, None, "engine_error", "server_error")
+                yield f"data: {json.dumps(err.body())}\n\n"
+                break
+            choices = []
+            for j in range(n):
+                if finished[j]:
+                    continue
+                text, reason = u.texts[j], u.finish_reasons[j]
+                # While unfinished, keep back what could be the start of a stop string.
+                visible = len(text) if reason is not None else max(len(text) - holdback, sent[j])
+                delta = text[sent[j]:visible]
+                sent[j] = visible
+                if not delta and reason is None:
+                    continue
+                finished[j] = reason is not None
+                if chat:
+                    choices.append({"index": j, "delta": {"content": delta} if delta else {},
+                                    "logprobs": None, "finish_reason": reason})
+                else:
+                    choices.append({"index": j, "text": delta, "logprobs": None,
+                                    "finish_reason": reason})
+            if choices:
+                yield chunk(choices)
+        if include_usage and last is not None and last.error is None:
+            yield chunk([], _usage(last))
+        yield "data: [DONE]\n\n"
+    finally:
+        # A client gone mid-stream closes this generator: close the inner one
+        # now (not at garbage collection), so its request is aborted at once.
+        await updates.aclose()
 
 
 def serve(llm, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
@@ -705,3 +722,55 @@ def serve(llm, host: str = "127.0.0.1", port: int = 8000, served_model_name: str
     app = create_app(llm, served_model_name, drain_s=drain_s)
     uvicorn.run(app, host=host, port=port, log_level=log_level,
                 timeout_graceful_shutdown=drain_s)
+
+
+class ServerThread:
+    """The server in a background thread, on a free loopback port (tests, notebooks).
+
+    ::
+
+        with ServerThread(llm) as srv:
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
+
+    Leaving the ``with`` block shuts it down as Ctrl-C would.
+    """
+
+    def __init__(self, llm, served_model_name: str | None = None, drain_s: float = 1.0,
+                 host: str = "127.0.0.1"):
+        import socket
+
+        import uvicorn
+
+        self.app = create_app(llm, served_model_name, drain_s=drain_s)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind((host, 0))                       # port 0: the OS picks a free one
+        self.port = self._sock.getsockname()[1]
+        self.url = f"http://{host}:{self.port}"
+        config = uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=drain_s)
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]},
+                                        name="paged_np-http", daemon=True)
+
+    @property
+    def metrics(self) -> ServerMetrics:
+        return self.app.state.server.loop.metrics
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise PagedNPError(f"the server on {self.url} did not start within {timeout} s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout)
+        self._sock.close()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -106,7 +106,10 @@ class ServingLLM:
         params = SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature,
                                 top_k=params.top_k, top_p=params.top_p, seed=params.seed,
                                 stop_token_ids=stops, n=params.n)
-        self.engine.add_request(prompt, params, request_id=request_id)
+        # With a seed, the samples' generators depend on (seed, sample) only, as in vLLM:
+        # the same request sent twice gets the same text.
+        index = 0 if params.seed is not None else None
+        self.engine.add_request(prompt, params, request_id=request_id, request_index=index)
         samples = [_Sample(j, self.tokenizer, prompt) for j in range(params.n)]
         self._live[request_id] = (self._engine_output(request_id), stop, samples)
 
