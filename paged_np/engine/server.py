@@ -40,6 +40,7 @@ import dataclasses
 import itertools
 import json
 import queue
+import signal
 import threading
 import time
 import uuid
@@ -293,11 +294,24 @@ class EngineLoop:
         self._inbox.put(("abort", request_id))
         self._wake.set()
 
-    def stop(self, drain_s: float = 0.0) -> None:
-        """Finish in-flight requests for up to ``drain_s`` seconds, abort the rest, join."""
-        self._drain_deadline = time.monotonic() + drain_s
-        self._stopping = True
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def begin_stop(self, drain_s: float = 0.0) -> None:
+        """Give in-flight requests ``drain_s`` seconds to finish; then abort the rest.
+
+        Aborted requests get a last update with ``finish_reason="abort"``, so
+        their streams end properly (``data: [DONE]``) instead of being cut.
+        """
+        if not self._stopping:
+            self._drain_deadline = time.monotonic() + drain_s
+            self._stopping = True
         self._wake.set()
+
+    def stop(self, drain_s: float = 0.0) -> None:
+        """:meth:`begin_stop`, then wait for the loop to end."""
+        self.begin_stop(drain_s)
         if self._thread.is_alive():
             self._thread.join()
 
@@ -511,6 +525,9 @@ class Server:
                               top_p=req.top_p, seed=req.seed, n=req.n)
 
     def submit(self, req, prompt_ids, params, prefix) -> tuple[str, asyncio.Queue]:
+        if self.loop.stopping:
+            raise APIError(503, "the server is shutting down", None, "shutting_down",
+                           "server_error")
         rid = f"{prefix}-{uuid.uuid4().hex[:16]}"
         q: asyncio.Queue = asyncio.Queue()
         stop = [req.stop] if isinstance(req.stop, str) else req.stop
@@ -720,8 +737,23 @@ def serve(llm, host: str = "127.0.0.1", port: int = 8000, served_model_name: str
     import uvicorn
 
     app = create_app(llm, served_model_name, drain_s=drain_s)
-    uvicorn.run(app, host=host, port=port, log_level=log_level,
-                timeout_graceful_shutdown=drain_s)
+    engine_loop = app.state.server.loop
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            # First the engine: in-flight requests get drain_s seconds, then end
+            # with finish_reason "abort". uvicorn meanwhile stops accepting
+            # connections and waits for the responses to complete.
+            engine_loop.begin_stop(drain_s)
+            # uvicorn's own handler also re-raises the signal once shut down (the
+            # process then dies *by* it); we have shut down cleanly: exit with 0.
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True                   # a second Ctrl-C: stop waiting
+            self.should_exit = True
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=drain_s + 5.0)
+    _Server(config).run()
 
 
 class ServerThread:
@@ -742,11 +774,13 @@ class ServerThread:
         import uvicorn
 
         self.app = create_app(llm, served_model_name, drain_s=drain_s)
+        self.drain_s = drain_s
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.bind((host, 0))                       # port 0: the OS picks a free one
         self.port = self._sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
-        config = uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=drain_s)
+        config = uvicorn.Config(self.app, log_level="warning",
+                                timeout_graceful_shutdown=drain_s + 5.0)
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]},
                                         name="paged_np-http", daemon=True)
@@ -765,6 +799,7 @@ class ServerThread:
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
+        self.app.state.server.loop.begin_stop(self.drain_s)
         self.server.should_exit = True
         self._thread.join(timeout)
         self._sock.close()
