@@ -380,6 +380,8 @@ class EngineLoop:
             for rid in list(self._streams):
                 stream = self._streams.pop(rid)
                 stream.push(_error_update(stream, f"engine error: {e!r}", 500))
+                with self.metrics.lock:
+                    self.metrics.finished["error"] = self.metrics.finished.get("error", 0) + 1
                 try:
                     self.llm.abort(rid)
                 except Exception:                        # noqa: BLE001
