@@ -9,6 +9,7 @@ from .cache.kv_cache import BatchMetadata, Event, PagedKVCache
 from .cache.page_pool import PagePool
 from .config import CacheConfig, ModelConfig
 from .engine.engine import Engine
+from .engine.llm import LLM
 from .engine.sampling import SamplingParams
 from .errors import (
     ChatTemplateError,
