@@ -7,24 +7,17 @@ import time
 
 import httpx
 
+import paged_np as pnp
 from paged_np.cli.serve import tiny_model
 
 TINY_NAME = "tiny-random"
 
 
 def make_llm(model, tok, num_pages=256, max_num_seqs=32, name=TINY_NAME, **kw):
-    """The LLM the server drives: ``pnp.LLM`` where it exists, else ServingLLM."""
-    try:
-        from paged_np.engine.llm import LLM
-    except ImportError:
-        from paged_np.engine.serving import ServingLLM
-
-        return ServingLLM(model, tok, model_name=name, num_pages=num_pages, page_size=16,
-                          max_num_seqs=max_num_seqs, max_num_batched_tokens=512,
-                          backend="numpy", **kw)
-    llm = LLM(model, tokenizer=tok, num_pages=num_pages, page_size=16,
-              max_num_seqs=max_num_seqs, max_num_batched_tokens=512, backend="numpy",
-              verbose=False, **kw)
+    """The LLM a test server drives (numpy backend: nothing to compile)."""
+    llm = pnp.LLM(model, tokenizer=tok, num_pages=num_pages, page_size=16,
+                  max_num_seqs=max_num_seqs, max_num_batched_tokens=512, backend="numpy",
+                  verbose=False, **kw)
     llm.model_name = name
     return llm
 
@@ -34,16 +27,9 @@ def tiny():
 
 
 def reference(llm, prompt_ids, max_tokens, stop=None):
-    """Greedy text of each prompt from ``llm.generate`` (a fresh engine, nothing shared)."""
-    from paged_np.engine.sampling import SamplingParams
-
-    fields = SamplingParams.__dataclass_fields__
-    if "stop" in fields:
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=stop)
-        outs = llm.generate([list(p) for p in prompt_ids], params)
-    else:
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-        outs = llm.generate([list(p) for p in prompt_ids], params, stop=stop)
+    """Greedy ``(text, finish_reason, number of tokens)`` of each prompt from ``llm.generate``."""
+    params = pnp.SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=stop)
+    outs = llm.generate([list(p) for p in prompt_ids], params)
     return [(o.outputs[0].text, o.outputs[0].finish_reason, len(o.outputs[0].token_ids))
             for o in outs]
 

@@ -28,10 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the name clients send as 'model' (default: --model)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--kv-cache-memory", default=None,
+                    help="KV cache budget, e.g. 256MiB (the default) or a number of bytes")
     ap.add_argument("--num-pages", type=int, default=None,
-                    help="KV cache pages (default: from --kv-cache-memory, or 1024)")
-    ap.add_argument("--kv-cache-memory", type=int, default=None,
-                    help="KV cache budget in bytes (instead of --num-pages)")
+                    help="KV cache size in pages (instead of --kv-cache-memory)")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -59,31 +59,21 @@ def tiny_model(seed: int = 0):
 
 
 def build_llm(args):
-    """The LLM the server drives: ``pnp.LLM`` where it exists, else :class:`ServingLLM`."""
+    """The :class:`paged_np.LLM` the server drives, from the command's options."""
+    from ..engine.llm import LLM
+
     if args.model == TINY_MODEL:
         model, tok = tiny_model(args.seed)
     else:
         from ..models import load_model
 
         model, tok = load_model(args.model)
-    name = args.served_model_name or args.model
-    batched = args.max_num_batched_tokens
-    try:
-        from ..engine.llm import LLM
-    except ImportError:
-        from ..engine.serving import ServingLLM
-
-        return ServingLLM(model, tok, model_name=name, num_pages=args.num_pages or 1024,
-                          page_size=args.page_size, max_num_seqs=args.max_num_seqs,
-                          max_num_batched_tokens=batched or 512, backend=args.backend,
-                          eviction_policy=args.eviction_policy,
-                          preemption_mode=args.preemption_mode)
     llm = LLM(model, tokenizer=tok, kv_cache_memory=args.kv_cache_memory,
               num_pages=args.num_pages, page_size=args.page_size,
-              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=batched,
+              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               backend=args.backend, eviction_policy=args.eviction_policy,
-              preemption_mode=args.preemption_mode, verbose=False)
-    llm.model_name = name
+              preemption_mode=args.preemption_mode, verbose=True)
+    llm.model_name = args.served_model_name or args.model
     return llm
 
 

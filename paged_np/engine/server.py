@@ -86,6 +86,7 @@ class _SamplingFields(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     logprobs: None = None                   # not implemented: anything but null is refused
+    ignore_eos: StrictBool = False          # vLLM's extra: generate max_tokens whatever comes
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -286,8 +287,8 @@ class EngineLoop:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def submit(self, request_id, prompt_ids, params, stop, aloop, q) -> None:
-        self._inbox.put(("add", request_id, prompt_ids, params, stop, aloop, q))
+    def submit(self, request_id, prompt_ids, params, aloop, q) -> None:
+        self._inbox.put(("add", request_id, prompt_ids, params, aloop, q))
         self._wake.set()
 
     def abort(self, request_id) -> None:
@@ -341,10 +342,10 @@ class EngineLoop:
             if msg[0] == "abort":
                 self._abort(msg[1], None)
                 continue
-            _, rid, prompt_ids, params, stop, aloop, q = msg
+            _, rid, prompt_ids, params, aloop, q = msg
             stream = _Stream(aloop, q, params.n, len(prompt_ids))
             try:
-                _add_request(self.llm, rid, prompt_ids, params, stop)
+                self.llm.add_request(rid, prompt_ids, params)
             except PagedNPError as e:                    # refused: only this request fails
                 status = 400 if isinstance(e, InvalidArgument) else 500
                 stream.push(_error_update(stream, str(e), status))
@@ -435,14 +436,6 @@ class EngineLoop:
             c["kv_cache_evictions_total"] = stats["evictions"]
 
 
-def _add_request(llm, rid, prompt_ids, params, stop) -> None:
-    """``llm.add_request``, with the stop strings wherever this LLM takes them."""
-    if "stop" in {f.name for f in dataclasses.fields(SamplingParams)}:
-        llm.add_request(rid, prompt_ids, dataclasses.replace(params, stop=stop or None))
-    else:
-        llm.add_request(rid, prompt_ids, params, stop=stop)
-
-
 def _snapshot(out) -> Update:
     """An immutable copy of a RequestOutput (the engine thread keeps mutating its own)."""
     outs = out.outputs
@@ -499,8 +492,8 @@ class Server:
             except ChatTemplateError as e:
                 raise APIError(400, f"messages: {e}", "messages", "invalid_value") from None
             return self.tokenizer.encode(text), "messages"
-        if isinstance(req.prompt, str):
-            return self.tokenizer.encode(req.prompt), "prompt"
+        if isinstance(req.prompt, str):                  # as vLLM: the tokenizer's BOS, if any
+            return self.tokenizer.encode(req.prompt, add_special_tokens=True), "prompt"
         vocab = self.tokenizer.vocab_size
         bad = [t for t in req.prompt if not 0 <= t < vocab]
         if bad:
@@ -524,7 +517,8 @@ class Server:
                            f"{n_prompt} go past the context of {limit} tokens; ask for at "
                            f"most {limit - n_prompt}", "max_tokens", "context_length_exceeded")
         return SamplingParams(max_tokens=max_tokens, temperature=req.temperature,
-                              top_p=req.top_p, seed=req.seed, n=req.n)
+                              top_p=req.top_p, seed=req.seed, n=req.n, stop=req.stop,
+                              ignore_eos=req.ignore_eos)
 
     def submit(self, req, prompt_ids, params, prefix) -> tuple[str, asyncio.Queue]:
         if self.loop.stopping:
@@ -532,15 +526,8 @@ class Server:
                            "server_error")
         rid = f"{prefix}-{uuid.uuid4().hex[:16]}"
         q: asyncio.Queue = asyncio.Queue()
-        stop = [req.stop] if isinstance(req.stop, str) else req.stop
-        self.loop.submit(rid, prompt_ids, params, stop, asyncio.get_running_loop(), q)
+        self.loop.submit(rid, prompt_ids, params, asyncio.get_running_loop(), q)
         return rid, q
-
-    @staticmethod
-    def holdback(stop) -> int:
-        """Characters a stream keeps back: the start of a stop string might be forming."""
-        stop = [stop] if isinstance(stop, str) else stop or []
-        return max((len(s) for s in stop), default=1) - 1
 
 
 def _usage(u: Update) -> dict:
@@ -552,7 +539,7 @@ def _usage(u: Update) -> dict:
 
 def create_app(llm, served_model_name: str | None = None, max_n: int | None = None,
                drain_s: float = 0.0):
-    """The FastAPI app serving ``llm`` (a ``pnp.LLM`` or a :class:`ServingLLM`).
+    """The FastAPI app serving ``llm`` (a :class:`paged_np.LLM`).
 
     The engine loop starts with the app and stops with it: at shutdown,
     requests still running get ``drain_s`` seconds to finish, then are aborted.
@@ -642,8 +629,7 @@ def create_app(llm, served_model_name: str | None = None, max_n: int | None = No
         base = {"id": rid, "created": created, "model": srv.model_name}
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            gen = _stream(request, results(request, rid, q), base, chat, req.n,
-                          srv.holdback(req.stop), include_usage)
+            gen = _stream(results(request, rid, q), base, chat, req.n, include_usage)
             return StreamingResponse(gen, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         last = None
@@ -676,7 +662,7 @@ def create_app(llm, served_model_name: str | None = None, max_n: int | None = No
     return app
 
 
-async def _stream(request, updates, base, chat, n, holdback, include_usage):
+async def _stream(updates, base, chat, n, include_usage):
     """Server-sent events: one chunk per sample per update, then ``data: [DONE]``."""
     obj = "chat.completion.chunk" if chat else "text_completion"
     sent = [0] * n                                       # characters sent, per sample
@@ -703,11 +689,11 @@ async def _stream(request, updates, base, chat, n, holdback, include_usage):
             for j in range(n):
                 if finished[j]:
                     continue
+                # The LLM's text never takes back what it showed: it holds back the
+                # start of a possible stop string until it knows.
                 text, reason = u.texts[j], u.finish_reasons[j]
-                # While unfinished, keep back what could be the start of a stop string.
-                visible = len(text) if reason is not None else max(len(text) - holdback, sent[j])
-                delta = text[sent[j]:visible]
-                sent[j] = visible
+                delta = text[sent[j]:]
+                sent[j] = max(sent[j], len(text))
                 if not delta and reason is None:
                     continue
                 finished[j] = reason is not None
