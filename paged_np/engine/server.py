@@ -178,6 +178,7 @@ class ServerMetrics:
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(TTFT_BUCKETS)
         self.step_requests = Histogram(BATCH_BUCKETS)
+        self.step_time = Histogram(ITL_BUCKETS)
 
     HELP = {
         "num_requests_running": ("gauge", "Requests in the running batch."),
@@ -211,7 +212,8 @@ class ServerMetrics:
                     ("inter_token_latency_seconds", self.itl, "Time between two tokens."),
                     ("e2e_request_latency_seconds", self.e2e, "Arrival to last token."),
                     ("step_num_requests", self.step_requests,
-                     "Requests that got new tokens in one engine step.")):
+                     "Requests that got new tokens in one engine step."),
+                    ("engine_step_seconds", self.step_time, "Time inside one llm.step().")):
                 lines += [f"# HELP {p}{name} {help_}", f"# TYPE {p}{name} histogram"]
                 lines += h.lines(p + name)
         return "\n".join(lines) + "\n"
@@ -327,6 +329,10 @@ class EngineLoop:
                 self._wake.clear()
                 continue
             self._step()
+            # Let the HTTP thread run between steps (the GIL is one lock for both):
+            # it turns waiting requests into engine requests, so they join the next
+            # step instead of trickling in one step at a time.
+            time.sleep(0)
         for rid in list(self._streams):                  # shutting down: abort the rest
             self._abort(rid, "abort")
         self._update_gauges()
@@ -374,6 +380,7 @@ class EngineLoop:
             self.metrics.finished["abort"] = self.metrics.finished.get("abort", 0) + 1
 
     def _step(self) -> None:
+        t0 = time.perf_counter()
         try:
             outs = self.llm.step()
         except Exception as e:                           # noqa: BLE001 -- keep serving
@@ -391,8 +398,10 @@ class EngineLoop:
             return
         now = time.perf_counter()
         m = self.metrics
+        deliveries: dict = {}                            # event loop -> [(queue, update)]
         with m.lock:
             m.counters["engine_steps_total"] += 1
+            m.step_time.observe(now - t0)
             stepped = 0
             for out in outs:
                 stream = self._streams.get(out.request_id)
@@ -408,7 +417,8 @@ class EngineLoop:
                     else:
                         m.itl.observe(now - stream.last_token)
                     stream.last_token, stream.num_tokens = now, sum(update.num_tokens)
-                stream.push(update)
+                stream.last = update
+                deliveries.setdefault(stream.aloop, []).append((stream.queue, update))
                 if update.finished:
                     del self._streams[out.request_id]
                     m.e2e.observe(now - stream.arrival)
@@ -417,6 +427,10 @@ class EngineLoop:
                     m.finished[reason] = m.finished.get(reason, 0) + 1
             if stepped:
                 m.step_requests.observe(stepped)
+        # One hand-over per event loop and step, not one per request: every wake-up
+        # of the HTTP thread costs a trip through the GIL.
+        for aloop, items in deliveries.items():
+            aloop.call_soon_threadsafe(_deliver, items)
         self._update_gauges()
 
     def _update_gauges(self) -> None:
@@ -444,6 +458,12 @@ def _snapshot(out) -> Update:
                   int(getattr(out, "num_cached_tokens", 0) or 0),
                   getattr(out, "error", None) if any(o.finish_reason == "error" for o in outs)
                   else None)
+
+
+def _deliver(items) -> None:
+    """On the event loop: put each update on its request's queue."""
+    for q, update in items:
+        q.put_nowait(update)
 
 
 def _error_update(stream: _Stream, message: str, status: int) -> Update:
@@ -591,6 +611,10 @@ def create_app(llm, served_model_name: str | None = None, max_n: int | None = No
         try:
             while True:
                 u = await q.get()
+                # Updates are whole snapshots: when several wait (a busy server, a slow
+                # client), the newest says it all, and one event carries their tokens.
+                while u is not None and not u.finished and not q.empty():
+                    u = q.get_nowait()
                 if u is None:                           # the client went away
                     return
                 done = u.finished
