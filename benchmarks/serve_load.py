@@ -39,6 +39,15 @@ TOPICS = ["the weather", "prime numbers", "paged memory", "a good book", "the oc
           "volcanoes", "the number zero"]
 
 
+HEADER = """# HTTP server under load
+
+Written by `benchmarks/serve_load.py` (see its docstring): the server in its own
+process, N closed-loop streaming chat clients, every request asking for the same
+number of tokens. Throughput is output tokens per second over the run; TTFT and ITL
+are measured by the clients (request sent -> first text chunk; gaps between chunks).
+"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -122,6 +131,8 @@ def main(argv=None):
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--num-pages", type=int, default=1024)
     ap.add_argument("--out", default=None, help="write the table to this markdown file")
+    ap.add_argument("--append", action="store_true",
+                    help="add the table to --out instead of replacing the file")
     args = ap.parse_args(argv)
     levels = [int(c) for c in args.clients.split(",")]
     port = free_port()
@@ -154,7 +165,7 @@ def main(argv=None):
     cmd = "python benchmarks/serve_load.py " + " ".join(argv if argv is not None else
                                                         sys.argv[1:])
     lines = [
-        "# HTTP server under load",
+        f"## `{args.model}`",
         "",
         f"`{cmd.strip()}` on {platform.machine()} ({os.cpu_count()} cores, shared), "
         f"CPython {platform.python_version()}; model `{args.model}`, backend `{args.backend}`, "
@@ -173,8 +184,10 @@ def main(argv=None):
     print()
     print(table)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(table)
+        with open(args.out, "a" if args.append else "w") as f:
+            if not args.append:
+                f.write(HEADER)
+            f.write("\n" + table)
 
 
 if __name__ == "__main__":

@@ -214,6 +214,9 @@ BAD = {
                               "messages"),
     "token id outside the vocabulary": (completion(prompt=[1, 2, 10**6]), "prompt"),
     "missing model": (("/v1/completions", {"prompt": "Hi"}), "model"),
+    "empty stop string": (completion(stop=[""]), None),
+    "stop not a string": (completion(stop=[3]), "stop"),
+    "logprobs asked for": (completion(logprobs=2), "logprobs"),
 }
 
 

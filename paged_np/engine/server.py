@@ -114,10 +114,20 @@ class APIError(Exception):
                           "code": self.code}}
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
 def _validation_error(e: ValidationError) -> APIError:
     """pydantic's first complaint, as a 400 naming the field (``messages.0.role``)."""
     err = e.errors()[0]
-    param = ".".join(str(p) for p in err["loc"]) or None
+    # The field's path (``messages.0.role``), without pydantic's union-member tags
+    # (``stop.str``, ``stop.list[str].0``): they name types, not fields.
+    path = []
+    for p in err["loc"]:
+        if isinstance(p, str) and (p in _TYPE_TAGS or "[" in p):
+            break
+        path.append(str(p))
+    param = ".".join(path) or None
     value = f" (got {err['input']!r})" if "input" in err and err["type"] != "missing" else ""
     return APIError(400, f"{param}: {err['msg']}{value}", param, "invalid_value")
 
@@ -248,9 +258,9 @@ class Update:
 class _Stream:
     """The loop's record of one request: where its updates go, and its timings."""
 
-    def __init__(self, aloop, q, n, prompt_tokens):
+    def __init__(self, aloop, q, n, prompt_tokens, arrival):
         self.aloop, self.queue = aloop, q
-        self.arrival = time.perf_counter()
+        self.arrival = arrival                       # when the handler submitted it
         self.last_token = None
         self.num_tokens = 0
         self.last: Update | None = None              # the latest update sent
@@ -290,7 +300,7 @@ class EngineLoop:
         return self._thread.is_alive()
 
     def submit(self, request_id, prompt_ids, params, aloop, q) -> None:
-        self._inbox.put(("add", request_id, prompt_ids, params, aloop, q))
+        self._inbox.put(("add", request_id, prompt_ids, params, aloop, q, time.perf_counter()))
         self._wake.set()
 
     def abort(self, request_id) -> None:
@@ -348,8 +358,8 @@ class EngineLoop:
             if msg[0] == "abort":
                 self._abort(msg[1], None)
                 continue
-            _, rid, prompt_ids, params, aloop, q = msg
-            stream = _Stream(aloop, q, params.n, len(prompt_ids))
+            _, rid, prompt_ids, params, aloop, q, arrival = msg
+            stream = _Stream(aloop, q, params.n, len(prompt_ids), arrival)
             try:
                 self.llm.add_request(rid, prompt_ids, params)
             except PagedNPError as e:                    # refused: only this request fails
@@ -536,9 +546,12 @@ class Server:
             raise APIError(400, f"max_tokens: {max_tokens} tokens after a prompt of "
                            f"{n_prompt} go past the context of {limit} tokens; ask for at "
                            f"most {limit - n_prompt}", "max_tokens", "context_length_exceeded")
-        return SamplingParams(max_tokens=max_tokens, temperature=req.temperature,
-                              top_p=req.top_p, seed=req.seed, n=req.n, stop=req.stop,
-                              ignore_eos=req.ignore_eos)
+        try:
+            return SamplingParams(max_tokens=max_tokens, temperature=req.temperature,
+                                  top_p=req.top_p, seed=req.seed, n=req.n, stop=req.stop,
+                                  ignore_eos=req.ignore_eos)
+        except PagedNPError as e:                        # e.g. an empty stop string
+            raise APIError(400, str(e), None, "invalid_value") from None
 
     def submit(self, req, prompt_ids, params, prefix) -> tuple[str, asyncio.Queue]:
         if self.loop.stopping:
@@ -578,6 +591,12 @@ def create_app(llm, served_model_name: str | None = None, max_n: int | None = No
     @app.exception_handler(APIError)
     async def api_error(request, e: APIError):
         return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request, e: Exception):
+        # A bug of ours: this request fails with the reason; the server goes on.
+        return JSONResponse(APIError(500, f"internal error: {e!r}", None, "internal_error",
+                                     "server_error").body(), status_code=500)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, e):
