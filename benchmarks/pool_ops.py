@@ -1,4 +1,4 @@
-"""Cost per page-pool operation at 1K .. 1M pages: it must stay flat.
+"""Cost per page-pool operation at 1K .. 1M pages: how it grows with the pool.
 
     python benchmarks/pool_ops.py            # writes benchmarks/pool_ops.md
     python benchmarks/pool_ops.py --quick    # 1K and 100K only
@@ -13,11 +13,13 @@ Three operations, each timed over many repetitions on a pool of ``N`` pages:
 - ``eviction``: with no FREE page, allocation evicts the policy's victim;
   the page is then registered under a new hash and released (CACHED again).
 
-An O(n) step anywhere (a ``list.remove``, a scan) would make the 1M column
-1000x the 1K column. Python's own costs grow with N too: an eviction touches
-the coldest entry of million-entry dicts, which is a cache miss, not an O(n)
-step. The last row times that floor alone: a bare ``OrderedDict`` taking its
-oldest entry and inserting a new one.
+It measures and asserts nothing (timings do not belong in tests); the
+``max/min`` column is the check to read. An O(n) step anywhere (a
+``list.remove``, a scan) would make the 1M column 1000x the 1K column.
+Python's own costs grow with N too: an eviction touches the coldest entry
+of million-entry dicts, which is a cache miss, not an O(n) step. The last
+row times that floor alone: a bare ``OrderedDict`` taking its oldest entry
+and inserting a new one.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Command line: ``python -m paged_np {demo,walkthrough,bench,simulate,serve,info}``.
+"""Command line: ``python -m paged_np {demo,chat,walkthrough,bench,simulate,serve,info}``.
 
 Each subcommand lives in its own module and is imported only when asked for,
 so ``python -m paged_np info`` stays fast and never compiles a kernel.
@@ -11,7 +11,9 @@ import sys
 
 # subcommand -> (module, one-line help)
 COMMANDS = {
-    "demo": ("paged_np.cli.demo", "serve a small model under memory pressure, check it, draw it"),
+    "demo": ("paged_np.cli.demo",
+             "serve SmolLM2 (--model tiny: a toy) under memory pressure, check it, draw it"),
+    "chat": ("paged_np.cli.chat", "chat with SmolLM2 in the terminal, streamed, cache status"),
     "walkthrough": ("paged_np.cli.walkthrough",
                     "a narrated tour of the cache: prefixes, forks, eviction"),
     "bench": ("paged_np.cli.bench",

@@ -26,6 +26,16 @@ class OutOfPages(PagedNPError):
     """
 
 
+class SequenceTooLong(OutOfPages):
+    """The allocation could never be served: the sequence needs more pages than the arena has.
+
+    An :class:`OutOfPages` ("not now"), so code that catches that around
+    ``allocate_slots`` catches this too; catch this class first to tell "never"
+    apart. Preempting other sequences does not help; the engine fails such a
+    request alone.
+    """
+
+
 class UnknownSequence(PagedNPError, LookupError):
     """A sequence id that the cache does not hold."""
 
@@ -88,6 +98,7 @@ class ChatTemplateError(PagedNPError, ValueError):
 __all__ = [
     "PagedNPError",
     "OutOfPages",
+    "SequenceTooLong",
     "UnknownSequence",
     "InvalidBlockTable",
     "StalePage",

@@ -55,12 +55,19 @@ BAD_CALLS = [
     (lambda c: c.allocate_slots("zz", 1), pnp.UnknownSequence, "seq_id"),
     (lambda c: c.allocate_slots("a", 0), pnp.InvalidArgument, "n"),
     (lambda c: c.allocate_slots("a", 2.0), pnp.DTypeError, "n"),
-    (lambda c: c.allocate_slots("a", 10_000), pnp.InvalidArgument, "num_pages"),
+    (lambda c: c.allocate_slots("a", 10_000), pnp.SequenceTooLong, "never fit"),
     (lambda c: c.allocate_slots("a", 16), pnp.OutOfPages, "pages"),
     (lambda c: c.append_tokens("a", [1]), pnp.InvalidArgument, "token_ids"),
     (lambda c: c.append_tokens("p", [1, 2, 3]), pnp.InvalidArgument, "token_ids"),
     (lambda c: c.append_tokens("p", [1, -1]), pnp.InvalidArgument, "token_ids"),
     (lambda c: c.append_tokens("zz", [1]), pnp.UnknownSequence, "seq_id"),
+    # Token ids past int64 (the prefix hash packs int64): refused before anything changes.
+    (lambda c: c.append_tokens("p", [1, 2**63]), pnp.InvalidArgument, "token_ids"),
+    (lambda c: c.append_tokens("p", (1, 2**63)), pnp.InvalidArgument, "token_ids"),
+    (lambda c: c.append_tokens("p", np.array([1, 2**63], np.uint64)), pnp.InvalidArgument,
+     "token_ids"),
+    (lambda c: c.add_sequence("n", [1, 2, 3, 4, 5, 2**63]), pnp.InvalidArgument, "prompt"),
+    (lambda c: c.add_sequence("n", [2**64, 1]), pnp.InvalidArgument, "prompt"),
     (lambda c: c.write_kv(2, np.array([0]), *kv(1)), pnp.IndexOutOfRange, "layer"),
     (lambda c: c.write_kv(-1, np.array([0]), *kv(1)), pnp.IndexOutOfRange, "layer"),
     (lambda c: c.write_kv("0", np.array([0]), *kv(1)), pnp.DTypeError, "layer"),
@@ -125,3 +132,14 @@ def test_pool_out_of_pages_all_or_nothing():
     pool.allocate_many(2)
     with pytest.raises(pnp.OutOfPages):
         pool.allocate()
+
+
+def test_a_sequence_larger_than_the_arena_is_out_of_pages_for_good(cache):
+    """"Never fits" is an OutOfPages (caught by the documented contract), told apart by class."""
+    with pytest.raises(pnp.OutOfPages) as never:
+        cache.allocate_slots("a", 6 * 4)                # 5 + 24 tokens > 6 pages of 4
+    assert type(never.value) is pnp.SequenceTooLong and "num_pages=6" in str(never.value)
+    with pytest.raises(pnp.OutOfPages) as not_now:
+        cache.allocate_slots("a", 16)                   # fits the arena, not the free pages
+    assert not isinstance(not_now.value, pnp.SequenceTooLong)
+    cache.check_invariants()

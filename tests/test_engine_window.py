@@ -12,7 +12,14 @@ from paged_np.attention.reference import dense_attention
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_paged_attention_accepts_holes_outside_the_window(backend):
-    """-1 entries for pages wholly before every query's window are allowed and unread."""
+    """-1 entries for pages wholly before every query's window are allowed and unread.
+
+    tests/cudasim/test_cuda_window.py runs the same check on backend="cuda".
+    """
+    check_holes_outside_the_window(backend)
+
+
+def check_holes_outside_the_window(backend):
     rng = np.random.default_rng(0)
     ps, L, n_q, w, hkv, h, d = 4, 23, 3, 6, 2, 4, 8
     k = rng.standard_normal((L, hkv, d)).astype(np.float32)

@@ -53,7 +53,9 @@ ALiBi or soft-capping.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numba
 import numpy as np
@@ -240,23 +242,48 @@ def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
     per_thread = items.shape[0] // num_threads
     args = (q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items)
     tail = (max_rows, window, part_out, part_lse, heads_per_item)
-    futures = [_pool(num_threads).submit(_run_items, *args, th * per_thread,
-                                         (th + 1) * per_thread, *tail)
-               for th in range(1, num_threads)]
-    _run_items(*args, 0, per_thread, *tail)  # block 0 in this thread
+    futures = []
+    try:
+        pool = _pool(num_threads) if num_threads > 1 else None
+        for th in range(1, num_threads):
+            futures.append(pool.submit(_run_items, *args, th * per_thread,
+                                       (th + 1) * per_thread, *tail))
+        _run_items(*args, 0, per_thread, *tail)  # block 0 in this thread
+    finally:
+        # Even when this thread's block raised: the workers still write into
+        # part_out/part_lse, so no caller may see (or reuse) them until all stop.
+        wait(futures)
     for f in futures:
-        f.result()
+        f.result()  # a worker's exception, raised here
 
 
-_POOLS = {}
+# One pool per thread count, made on first use. Two threads may ask at once
+# (the lock), and a forked child inherits the dict but not the worker threads:
+# an executor whose workers are gone waits forever on the first task, so the
+# child forgets the parent's pools and makes its own (os.register_at_fork).
+_POOLS: dict = {}
+_POOLS_LOCK = threading.Lock()
 
 
 def _pool(num_threads):
     """A thread pool with ``num_threads - 1`` workers, made once per thread count."""
-    if num_threads not in _POOLS:
-        _POOLS[num_threads] = ThreadPoolExecutor(num_threads - 1,
-                                                 thread_name_prefix="paged_np")
-    return _POOLS[num_threads]
+    with _POOLS_LOCK:
+        pool = _POOLS.get(num_threads)
+        if pool is None:
+            pool = _POOLS[num_threads] = ThreadPoolExecutor(num_threads - 1,
+                                                            thread_name_prefix="paged_np")
+        return pool
+
+
+def _forget_pools_after_fork():
+    """In a forked child: drop the parent's pools (their threads did not fork)."""
+    global _POOLS_LOCK
+    _POOLS.clear()
+    _POOLS_LOCK = threading.Lock()  # the parent may have held it while forking
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
+    os.register_at_fork(after_in_child=_forget_pools_after_fork)
 
 
 @njit(**JIT_OPTIONS)
@@ -313,7 +340,7 @@ def choose_num_splits(n_items: int, max_pages: int, num_threads: int) -> int:
 def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
             sliding_window, return_lse, *, num_splits=None, q_tile=None,
             heads_per_item=None, blas_min_queries=BLAS_MIN_QUERIES):
-    """Backend entry (validated arguments, see the contract in DESIGN.md).
+    """Backend entry (validated arguments, see the contract in docs/design.md).
 
     Sequences with at least ``blas_min_queries`` queries go to
     :func:`paged_np.attention.numba_prefill.attend_sequence` (BLAS); the rest

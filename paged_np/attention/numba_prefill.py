@@ -31,6 +31,17 @@ this runs causal prefill of 2048 tokens at about the speed of PyTorch's
 ``scaled_dot_product_attention`` (a fused kernel), 85% of it in the two
 matrix products.
 
+**Memory: the one place a step allocates with the context.** Per call this
+path holds ``S`` (``min(n_q, Q_TILE) * G * n_keys`` floats) and one kv
+head's gathered K and V (``n_keys * head_dim`` floats each), against the
+rule that no step allocates memory growing with the context: for the last
+128-query chunk of a 32K-token prompt on a Llama-3-8B-like layer (G = 4,
+head_dim 128), S alone is 64 MiB and the measured peak is 112.5 MiB.
+``benchmarks/prefill_memory.py`` states the bound and measures it
+(``benchmarks/prefill_memory.md``); tests/test_prefill_memory.py checks it.
+Tiling over keys (a streaming softmax, as the decode kernel does) would
+bound it by ``Q_TILE * G * key_tile``.
+
 Simplified compared with FlashAttention on a GPU: no fusion of the three
 steps (S goes through the cache), no skipping of fully masked key blocks
 inside a tile.

@@ -15,7 +15,9 @@ Usage::
     python -m paged_np bench --quick    # under a minute
     python -m paged_np bench --backend numba --out benchmarks
 
-Writes ``results.json``, ``results.md`` and ``roofline.png`` into ``--out``.
+Writes ``results.json``, ``results.md`` and ``roofline.png`` into ``--out``
+(default ``paged_np_out/bench/``; ``--out benchmarks`` replaces the
+repository's committed results, which is how they are made).
 Times are the best of several repeats (the least disturbed run).
 """
 
@@ -33,6 +35,8 @@ import time
 
 import numba
 import numpy as np
+
+from . import DEFAULT_OUT
 
 # Shapes of the decode case the targets refer to (a Llama-3-8B-like layer).
 B, H, HKV, D, PAGE = 8, 32, 8, 128, 16
@@ -379,13 +383,19 @@ def plot(res: dict, path: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str]) -> int:
+def parse_args(argv):
     ap = argparse.ArgumentParser(prog="python -m paged_np bench",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes, under a minute")
     ap.add_argument("--backend", default="numba", choices=sorted(BACKENDS))
-    ap.add_argument("--out", default="benchmarks", help="folder for results (default benchmarks)")
-    args = ap.parse_args(argv)
+    ap.add_argument("--out", default=DEFAULT_OUT["bench"],
+                    help=f"folder for results (default {DEFAULT_OUT['bench']}; the "
+                         f"repository's committed figures are regenerated with --out benchmarks)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
     try:
         import torch
 

@@ -4,7 +4,7 @@ Eight steps on a 16-page cache (page_size 4). Requests share a system prompt,
 one forks for parallel sampling, requests finish and leave their pages
 CACHED, and a long prompt then forces LRU eviction. Each step prints what
 happened and the state of every page; the arena is drawn after each step into
-``paged_np_demo.png`` (or ``--out PATH``).
+``paged_np_out/walkthrough.png`` (or ``--out PATH``).
 
 Nothing here is special-cased: the tour only calls the public cache API, and
 ``check_invariants()`` runs after every step.
@@ -19,6 +19,7 @@ import numpy as np
 
 from ..cache.kv_cache import PagedKVCache
 from ..config import CacheConfig
+from . import DEFAULT_OUT, make_parent
 
 SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]  # an 8-token system prompt: two full pages
 
@@ -45,7 +46,7 @@ def _tables(cache: PagedKVCache) -> str:
                      f"  ({cache.num_computed_tokens(sid)} tokens)" for sid in cache.seq_ids)
 
 
-def run(out: str | None = "paged_np_demo.png", quiet: bool = False) -> PagedKVCache:
+def run(out: str | None = DEFAULT_OUT["walkthrough"], quiet: bool = False) -> PagedKVCache:
     """Play the tour; return the final cache. ``out=None`` draws nothing."""
     cache = PagedKVCache(CacheConfig(num_pages=16, page_size=4, num_layers=1, num_kv_heads=1,
                                      head_dim=4))
@@ -129,7 +130,7 @@ def run(out: str | None = "paged_np_demo.png", quiet: bool = False) -> PagedKVCa
     if out:
         viz.add_state_legend(fig)
         fig.tight_layout(rect=(0, 0.03, 1, 1))
-        fig.savefig(out, dpi=110)
+        fig.savefig(make_parent(out), dpi=110)
         plt.close(fig)
         say(f"\nwrote {out}")
     return cache
@@ -138,7 +139,8 @@ def run(out: str | None = "paged_np_demo.png", quiet: bool = False) -> PagedKVCa
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m paged_np walkthrough",
                                  description="A narrated tour of the paged KV cache.")
-    ap.add_argument("--out", default="paged_np_demo.png", help="where to draw the arena")
+    ap.add_argument("--out", default=DEFAULT_OUT["walkthrough"],
+                    help=f"where to draw the arena (default {DEFAULT_OUT['walkthrough']})")
     args = ap.parse_args(argv)
     run(args.out)
     return 0

@@ -37,7 +37,8 @@ import time
 
 import numpy as np
 
-from ..cache.kv_cache import PagedKVCache, as_token_ids
+from ..cache.kv_cache import PagedKVCache
+from ..checks import as_token_ids, check_int, check_positive_int
 from ..config import CacheConfig
 from ..errors import DTypeError, InvalidArgument, UnknownSequence
 from ..models.llama import ForwardBatch, TinyLlama
@@ -61,12 +62,8 @@ class _ParentRequest:
         self.reqs: list[Request] = []
 
 
-def _engine_int(name, value, low):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise DTypeError(f"Engine: {name} must be an int, got {type(value).__name__}")
-    if value < low:
-        raise InvalidArgument(f"Engine: {name} must be >= {low}, got {value}")
-    return int(value)
+def _ratio(num: int, den: int) -> float:
+    return num / den if den else 0.0
 
 
 class Engine:
@@ -79,7 +76,8 @@ class Engine:
     max_num_seqs : most sequences running at once.
     max_num_batched_tokens : most tokens in one step (prefill chunks + decodes).
     preemption_mode : "recompute" or "swap" (see :mod:`paged_np.engine.scheduler`).
-    eviction_policy : "lru" (default), "fifo" or "lfu": which cached page goes first.
+    eviction_policy : "lru" (default), "fifo", "lfu" or an EvictionPolicy subclass: which
+        cached page goes first.
     backend : paged attention backend, "numba", "numpy" or "auto".
     swap_pages : pages of host swap space (swap mode); default ``num_pages``.
     record_events : keep ``cache.events`` (for drawings; off for long runs).
@@ -91,18 +89,19 @@ class Engine:
                  swap_pages: int | None = None, record_events: bool = False):
         if not isinstance(model, TinyLlama):
             raise DTypeError(f"Engine: model must be a TinyLlama, got {type(model).__name__}")
-        num_pages = _engine_int("num_pages", num_pages, 1)
-        page_size = _engine_int("page_size", page_size, 1)
-        self.max_num_seqs = _engine_int("max_num_seqs", max_num_seqs, 1)
-        self.max_num_batched_tokens = _engine_int(
-            "max_num_batched_tokens", max_num_batched_tokens, 1)
+        num_pages = check_positive_int("Engine: num_pages", num_pages)
+        page_size = check_positive_int("Engine: page_size", page_size)
+        self.max_num_seqs = check_positive_int("Engine: max_num_seqs", max_num_seqs)
+        self.max_num_batched_tokens = check_positive_int(
+            "Engine: max_num_batched_tokens", max_num_batched_tokens)
         if preemption_mode not in PREEMPTION_MODES:
             raise InvalidArgument(f"Engine: preemption_mode must be one of {PREEMPTION_MODES}, "
                                   f"got {preemption_mode!r}")
         if backend not in ENGINE_BACKENDS:
             raise InvalidArgument(
                 f"Engine: backend must be one of {ENGINE_BACKENDS}, got {backend!r}")
-        swap_pages = num_pages if swap_pages is None else _engine_int("swap_pages", swap_pages, 0)
+        swap_pages = (num_pages if swap_pages is None
+                      else check_int("Engine: swap_pages", swap_pages, 0))
         mcfg = model.cfg
         self.model = model
         self.backend = backend
@@ -403,7 +402,14 @@ class Engine:
             "swapped_in": sched.num_swapped_in,
             "evictions": cs["evictions"],
             "cow_copies": cs["cow_copies"],
-            "prefix_hit_rate": cs["hit_rate"],
+            # Prompt tokens served by the prefix cache at their first admission...
+            "prefix_hit_rate": _ratio(sched.num_prompt_hit_tokens, sched.num_prompt_tokens),
+            "prompt_tokens": sched.num_prompt_tokens,
+            "prefix_hit_tokens": sched.num_prompt_hit_tokens,
+            # ...and, apart, tokens found in the cache again when a preempted request
+            # came back (cache.stats()["hit_rate"] counts both together).
+            "readmitted_tokens": sched.num_readmitted_tokens,
+            "readmitted_hit_tokens": sched.num_readmitted_hit_tokens,
             "peak_pages_in_use": st["peak_pages_in_use"],
             "num_pages": cs["num_pages"],
             "tokens_per_s": st["generated_tokens"] / total if total else 0.0,

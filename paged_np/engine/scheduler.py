@@ -37,7 +37,6 @@ fork after their prompt, see :mod:`paged_np.engine.engine`).
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -156,6 +155,11 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_swapped_out = 0
         self.num_swapped_in = 0
+        # Prefix-cache reuse, split by why the tokens were known (see Engine.metrics):
+        self.num_prompt_tokens = 0           # prompts at their first admission
+        self.num_prompt_hit_tokens = 0       # ... of which the prefix cache served
+        self.num_readmitted_tokens = 0       # tokens known again after a preemption
+        self.num_readmitted_hit_tokens = 0   # ... of which the prefix cache served
 
     # ------------------------------------------------------------------ step
     def schedule(self) -> SchedulerOutput:
@@ -250,7 +254,24 @@ class Scheduler:
         if swapped:
             self.swap.release(req)
             self.num_swapped_in += 1
+        self._count_reuse(req, len(known), n_hit)
         return n, slots
+
+    def _count_reuse(self, req: Request, n_known: int, n_hit: int) -> None:
+        """Count an admission's prefix hits as prompt hits or as reuse after preemption.
+
+        A request preempted by recompute comes back with its prompt *and* its
+        generated tokens, and finds many of its own pages still cached: that is
+        the cache saving recomputation, not prompts sharing a prefix, so it is
+        kept apart from the prompt hit rate.
+        """
+        if req.num_preemptions == 0:
+            if req.sample.index == 0:                    # the prompt, seen for the first time
+                self.num_prompt_tokens += n_known
+                self.num_prompt_hit_tokens += n_hit
+        else:
+            self.num_readmitted_tokens += n_known
+            self.num_readmitted_hit_tokens += n_hit
 
     # ------------------------------------------------------------ preemption
     def _preempt(self, req: Request) -> None:
@@ -303,16 +324,10 @@ class Scheduler:
             self.cache.release_pages_before(req.seq_id, req.num_computed_tokens - self.window + 1)
 
     # ----------------------------------------------------------------- sizes
-    def _released(self, req: Request) -> int:
-        """Leading pages of ``req`` already given back (window): -1 entries."""
-        bt = self.cache.sequence(req.seq_id).block_table
-        if not bt or bt[0] >= 0:
-            return 0
-        return bisect_left(bt, True, key=lambda p: p >= 0)
-
     def _max_new_tokens(self, req: Request) -> int:
         """Tokens ``req`` could add if it had every page of the arena to itself."""
-        total = (self._released(req) + self.cache.cfg.num_pages) * self.cache.page_size
+        released = self.cache.num_released_pages(req.seq_id)  # window: given back already
+        total = (released + self.cache.cfg.num_pages) * self.cache.page_size
         return total - req.num_computed_tokens
 
     def _tokens_that_fit(self, req: Request) -> int:

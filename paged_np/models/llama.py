@@ -53,7 +53,7 @@ import numpy as np
 
 from ..attention import paged_attention
 from ..attention.reference import dense_attention
-from ..checks import as_token_ids
+from ..checks import as_token_ids, check_positive_int
 from ..config import ModelConfig
 from ..errors import DTypeError, InvalidArgument, ShapeError
 
@@ -209,8 +209,12 @@ class LlamaModel:
                                   f"vocabulary [0, {self.cfg.vocab_size})")
         return self.w["embed"][token_ids]                        # [T, H]
 
-    def qkv(self, layer: int, x: np.ndarray, positions: np.ndarray):
-        """Normed ``x`` [T, H] -> q [T, Hq, D], k and v [T, Hkv, D], RoPE applied."""
+    def qkv(self, layer: int, x: np.ndarray, rope):
+        """``x`` [T, H] -> q [T, Hq, D], k and v [T, Hkv, D], RoPE applied.
+
+        ``rope`` is ``self.rope(positions)``: the same for every layer, so the
+        forward computes it once per step.
+        """
         cfg, w = self.cfg, self.w
         T, qd, kd = x.shape[0], self._q_dim, self._kv_dim
         h = rms_norm(x, w["attn_norm"][layer], cfg.rms_norm_eps)  # [T, H]
@@ -218,7 +222,7 @@ class LlamaModel:
         q = qkv[:, :qd].reshape(T, cfg.num_heads, cfg.head_dim)           # [T, Hq, D]
         k = qkv[:, qd:qd + kd].reshape(T, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
         v = qkv[:, qd + kd:].reshape(T, cfg.num_kv_heads, cfg.head_dim)    # [T, Hkv, D]
-        cos, sin = self.rope(positions)                          # [T, D/2] each
+        cos, sin = rope                                          # [T, D/2] each
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def rope(self, positions: np.ndarray):
@@ -238,7 +242,12 @@ class LlamaModel:
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final norm and LM head: [S, H] -> float32 [S, vocab]."""
-        return rms_norm(x, self.w["final_norm"], self.cfg.rms_norm_eps) @ self.w["lm_head"]
+        h = rms_norm(x, self.w["final_norm"], self.cfg.rms_norm_eps)  # [S, H]
+        if self.cfg.tie_word_embeddings:
+            # embed [V, H] is row-major: embed @ h.T streams it row by row, which BLAS
+            # does 1.5x faster than h @ embed.T (measured at batch 1, 113 MiB).
+            return np.ascontiguousarray((self.w["embed"] @ h.T).T)  # [S, V]
+        return h @ self.w["lm_head"]                             # [S, V]
 
     # ----------------------------------------------------------- paged path
     def forward(self, batch: ForwardBatch, cache, backend: str = "auto") -> np.ndarray:
@@ -249,8 +258,9 @@ class LlamaModel:
         """
         x = self.embed(batch.token_ids)                          # [T, H]
         window = self.cfg.sliding_window
+        rope = self.rope(batch.positions)                        # cos, sin [T, D/2]
         for layer in range(self.cfg.num_layers):
-            q, k, v = self.qkv(layer, x, batch.positions)        # [T, Hq, D], [T, Hkv, D] x2
+            q, k, v = self.qkv(layer, x, rope)                   # [T, Hq, D], [T, Hkv, D] x2
             cache.write_kv(layer, batch.slots, k, v)             # scatter into the arena
             k_pages, v_pages = cache.layer(layer)                # [P, Hkv, page_size, D] views
             attn = paged_attention(q, k_pages, v_pages, batch.block_tables, batch.seq_lens,
@@ -266,8 +276,9 @@ class LlamaModel:
         positions = np.arange(len(ids))                          # [L]
         x = self.embed(ids)                                      # [L, H]
         window = self.cfg.sliding_window or 0
+        rope = self.rope(positions)                              # cos, sin [L, D/2]
         for layer in range(self.cfg.num_layers):
-            q, k, v = self.qkv(layer, x, positions)              # [L, Hq, D], [L, Hkv, D] x2
+            q, k, v = self.qkv(layer, x, rope)                   # [L, Hq, D], [L, Hkv, D] x2
             attn, _ = dense_attention(q, k, v, sliding_window=window, dtype=np.float32)
             x = self.finish_layer(layer, x, attn.astype(np.float32))  # [L, H]
         return self.logits(x)                                    # [L, V]
@@ -279,10 +290,7 @@ class LlamaModel:
         ``stop_token_ids`` (included) or after ``max_tokens`` tokens.
         """
         ids = as_token_ids(prompt_ids, "prompt_ids")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)):
-            raise DTypeError(f"max_tokens must be an int, got {type(max_tokens).__name__}")
-        if max_tokens < 1:
-            raise InvalidArgument(f"max_tokens must be >= 1, got {max_tokens}")
+        max_tokens = check_positive_int("max_tokens", max_tokens)
         stops = set(int(t) for t in stop_token_ids)
         out: list[int] = []
         while len(out) < max_tokens:
@@ -298,7 +306,7 @@ class LlamaModel:
 # ---------------------------------------------------------------------------
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """``x / rms(x) * weight`` over the last axis: [T, H] -> [T, H]."""
-    ms = np.mean(x * x, axis=-1, keepdims=True)                  # [T, 1] mean square
+    ms = np.einsum("th,th->t", x, x)[:, None] / np.float32(x.shape[-1])  # [T, 1] mean square
     return x * (1.0 / np.sqrt(ms + np.float32(eps))) * weight    # [T, H]
 
 

@@ -37,6 +37,7 @@ from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
+from ..checks import check_int
 from ..errors import ChatTemplateError, DTypeError, InvalidArgument, ModelLoadError
 
 # Token names that end a turn in the common chat formats (ChatML, Llama 3, Gemma):
@@ -209,7 +210,7 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         """Token ids -> text. Bytes that do not form whole characters come out as U+FFFD."""
         ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]      # one message, not per id
         if bad:
             raise InvalidArgument(f"ids: {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
         return self._tok.decode(ids, skip_special_tokens=bool(skip_special_tokens))
@@ -351,9 +352,7 @@ class Tokenizer:
         ``ModelConfig(vocab_size=tok.vocab_size)``. Same pre-tokenizer as
         SmolLM2, so it round-trips any text.
         """
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 259:
-            raise InvalidArgument(f"vocab_size must be an int >= 259 (3 special tokens + 256 "
-                                  f"bytes), got {vocab_size!r}")
+        vocab_size = check_int("vocab_size", vocab_size, low=259)  # 3 specials + 256 bytes
         specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
         alphabet = list(bytes_to_unicode().values())             # in byte order
         merges = _learn_merges(_TINY_CORPUS, alphabet, _pre_tokenizer("smollm"),

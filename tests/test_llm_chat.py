@@ -1,0 +1,41 @@
+"""python -m paged_np chat, fed through stdin: streamed answers, one status line per turn,
+later turns reuse the earlier turns' pages."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import paged_np as pnp
+from paged_np.cli import chat
+
+
+def test_chat_streams_and_reuses_the_conversation(capsys):
+    out = io.StringIO()
+    stdin = io.StringIO("Hello there\n\nWhat is the capital of France?\n/exit\n")
+    assert chat.main(["--model", "tiny", "--max-tokens", "6", "--backend", "numpy"],
+                     stdin=stdin, stdout=out) == 0
+    text = out.getvalue()
+    status = re.findall(r"\[reused (\d+) of (\d+) prompt tokens from the cache \| pages: "
+                        r"(\d+) in use, (\d+) cached of (\d+) \| ([\d.]+) tokens/s\]", text)
+    assert len(status) == 2                                      # the empty line is no turn
+    (r1, p1, *_), (r2, p2, used, cached, total, _) = [tuple(map(float, s)) for s in status]
+    assert r1 == 0 and p2 > p1
+    assert r2 >= (p1 // 16) * 16 > 0         # the first turn's full pages came from the cache
+    assert used == 0 and 0 < cached <= total                     # finished: pages stay cached
+    # the streamed answers are exactly what the tokenizer decodes from the model's tokens
+    tok = pnp.Tokenizer.tiny()
+    model = pnp.TinyLlama.random(pnp.ModelConfig(vocab_size=tok.vocab_size), seed=0)
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Hello there"}]))
+    ids = model.dense_generate(prompt, 6, tok.stop_token_ids)
+    first = text.split("bot> ", 1)[1].split("\n[reused", 1)[0]
+    assert first == tok.decode(ids).rstrip("\ufffd")
+
+
+def test_chat_reset_and_end_of_input():
+    out = io.StringIO()
+    stdin = io.StringIO("Hi\n/reset\nHi\n")                      # ends without /exit
+    assert chat.main(["--model", "tiny", "--max-tokens", "3", "--backend", "numpy"],
+                     stdin=stdin, stdout=out) == 0
+    text = out.getvalue()
+    assert "(new conversation)" in text and text.count("[reused") == 2

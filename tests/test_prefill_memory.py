@@ -1,0 +1,24 @@
+"""The BLAS prefill path's workspace stays within its documented bound (numba_prefill)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("paged_np.attention.numba_prefill")
+
+_spec = importlib.util.spec_from_file_location(
+    "prefill_memory", Path(__file__).resolve().parents[1] / "benchmarks/prefill_memory.py")
+prefill_memory = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(prefill_memory)
+
+
+def test_prefill_workspace_is_within_the_bound_and_linear_in_context():
+    small, large = prefill_memory.measure(512), prefill_memory.measure(2048)
+    assert small <= prefill_memory.bound_bytes(512)
+    assert large <= prefill_memory.bound_bytes(2048)
+    # It does grow with the context (the documented exception to the rule), linearly:
+    # 4x the keys, at most ~4x the bytes.
+    assert 3.0 * small < large < 4.2 * small
