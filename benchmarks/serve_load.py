@@ -45,8 +45,8 @@ Written by `benchmarks/serve_load.py` (see its docstring): the server in its own
 process, N closed-loop streaming chat clients, every request asking for the same
 number of tokens. Throughput is output tokens per second over the run; TTFT and ITL
 are measured by the clients (request sent -> first text chunk; gaps between chunks).
-The tables below were measured on a 2-core machine shared with other jobs (load
-average about 20): the absolute numbers are noisy; compare the ratios within a table.
+The tables below were measured on a 2-core machine shared with other jobs: the
+absolute numbers are noisy; compare the ratios within a table.
 """
 
 
