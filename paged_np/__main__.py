@@ -1,4 +1,4 @@
-"""Command line: ``python -m paged_np {demo,chat,walkthrough,bench,simulate,info}``.
+"""Command line: ``python -m paged_np {demo,chat,walkthrough,bench,simulate,serve,info}``.
 
 Each subcommand lives in its own module and is imported only when asked for,
 so ``python -m paged_np info`` stays fast and never compiles a kernel.
@@ -19,6 +19,7 @@ COMMANDS = {
     "bench": ("paged_np.cli.bench",
               "benchmark the attention kernels against bandwidth and PyTorch"),
     "simulate": ("paged_np.sim.simulate", "reproduce the vLLM paper's memory-waste figures"),
+    "serve": ("paged_np.cli.serve", "an OpenAI-compatible HTTP server over the engine"),
     "info": ("paged_np.cli.info", "versions, backends and the machine"),
 }
 
