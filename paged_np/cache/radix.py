@@ -265,6 +265,7 @@ class RadixCache:
                 for p in rest_v:
                     self._page_node[p] = node
                 node.last_access_time = now
+                self._pushed_if_leaf(node)                 # evictable until someone locks it
                 added.extend(rest_v)
                 break
             m = _common_pages(child.key, key, i, ps)

@@ -83,12 +83,16 @@ class Engine:
     backend : paged attention backend, "numba", "numpy" or "auto".
     swap_pages : pages of host swap space (swap mode); default ``num_pages``.
     record_events : keep ``cache.events`` (for drawings; off for long runs).
+    prefix_cache : "hash" (default, vLLM's page-hash chain) or "radix" (SGLang's
+        radix tree). The radix tree cannot free a prefix under a live sequence,
+        so it is refused for models with a sliding window.
     """
 
     def __init__(self, model, num_pages: int, page_size: int = 16, max_num_seqs: int = 8,
                  max_num_batched_tokens: int = 256, preemption_mode: str = "recompute",
                  eviction_policy: str = "lru", backend: str = "auto",
-                 swap_pages: int | None = None, record_events: bool = False):
+                 swap_pages: int | None = None, record_events: bool = False,
+                 prefix_cache: str = "hash"):
         if not isinstance(model, TinyLlama):
             raise DTypeError(f"Engine: model must be a TinyLlama, got {type(model).__name__}")
         num_pages = _engine_int("num_pages", num_pages, 1)
@@ -104,12 +108,17 @@ class Engine:
                 f"Engine: backend must be one of {ENGINE_BACKENDS}, got {backend!r}")
         swap_pages = num_pages if swap_pages is None else _engine_int("swap_pages", swap_pages, 0)
         mcfg = model.cfg
+        if prefix_cache == "radix" and mcfg.sliding_window is not None:
+            raise InvalidArgument(
+                "Engine: prefix_cache='radix' with a sliding-window model is not supported: "
+                "pages the window releases would stay pinned under the live path; use 'hash'")
         self.model = model
         self.backend = backend
         self.cache = PagedKVCache(
             CacheConfig(num_pages=num_pages, page_size=page_size, num_layers=mcfg.num_layers,
                         num_kv_heads=mcfg.num_kv_heads, head_dim=mcfg.head_dim,
-                        dtype=np.float32, eviction_policy=eviction_policy),
+                        dtype=np.float32, eviction_policy=eviction_policy,
+                        prefix_cache=prefix_cache),
             record_events=record_events)
         self.scheduler = Scheduler(self.cache, self.max_num_seqs, self.max_num_batched_tokens,
                                    preemption_mode, swap_pages, mcfg.sliding_window)
