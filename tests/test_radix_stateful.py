@@ -43,7 +43,7 @@ class Shadowed:
 
     def extend(self, sid, token_ids):
         c = self.cache
-        start = c.num_tokens(sid)
+        start = c.num_computed_tokens(sid)
         slots = c.allocate_slots(sid, len(token_ids))
         pos = np.arange(start, start + len(token_ids))
         for layer in range(2):
@@ -67,7 +67,7 @@ class Shadowed:
         ps = c.page_size
         for sid, layers in self.shadow.items():
             bt = c.block_table(sid)
-            n = c.num_tokens(sid)
+            n = c.num_computed_tokens(sid)
             pos = np.arange(n)
             held = bt[pos // ps] >= 0        # pages a sliding window released are not read
             pages, off = bt[pos // ps][held], (pos % ps)[held]

@@ -221,7 +221,7 @@ class PagedKVCache:
         return n
 
     def allocate_slots(self, seq_id, n: int) -> np.ndarray:
-        """Slots (int64 [n]) for positions ``[num_tokens, num_tokens + n)``.
+        """Slots (int64 [n]) for positions ``[num_computed_tokens, num_computed_tokens + n)``.
 
         Allocates pages as needed (evicting cached pages under the policy) and
         copies any shared page that would be written (copy-on-write). Calling
@@ -231,7 +231,7 @@ class PagedKVCache:
         seq = self._get(seq_id)
         n = check_count(n, "n")
         ps = self.page_size
-        start, end = seq.num_tokens, seq.num_tokens + n
+        start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
         bt = seq.block_table
         last = len(bt) - 1
         if n == 1 and start // ps == last and bt[last] >= 0 and self.pool._ref[bt[last]] == 1:
@@ -287,7 +287,7 @@ class PagedKVCache:
         if self.tree is not None:
             self._insert_full_pages(seq)
             return
-        for i in range(len(seq.page_hashes), seq.num_tokens // ps):  # newly full pages
+        for i in range(len(seq.page_hashes), seq.num_computed_tokens // ps):  # newly full pages
             page_tokens = seq.token_ids[i * ps:(i + 1) * ps]
             h = hash_page(seq.last_hash(), page_tokens, seq.extra_key)
             seq.page_hashes.append(h)
@@ -297,7 +297,7 @@ class PagedKVCache:
     def _insert_full_pages(self, seq: Sequence) -> None:
         """Radix: put newly full pages in the tree below the sequence's node; move its lock."""
         ps = self.page_size
-        full = seq.num_tokens // ps
+        full = seq.num_computed_tokens // ps
         if full == seq.radix_pages:
             return
         key = seq.token_ids[seq.radix_pages * ps:full * ps]
@@ -361,7 +361,7 @@ class PagedKVCache:
         first = _num_released(bt)
         ps = self.page_size
         # Whole pages below num_tokens, and only pages whose tokens are all written.
-        last = min(max(int(num_tokens), 0) // ps, len(bt), seq.num_tokens // ps)
+        last = min(max(int(num_tokens), 0) // ps, len(bt), seq.num_computed_tokens // ps)
         self._actor = seq_id
         for i in range(last - 1, first - 1, -1):  # tail-first, as in free()
             self.pool.free(bt[i])
@@ -390,9 +390,9 @@ class PagedKVCache:
         """The bookkeeping object of one sequence (read it, do not change it)."""
         return self._get(seq_id)
 
-    def num_tokens(self, seq_id) -> int:
+    def num_computed_tokens(self, seq_id) -> int:
         """Tokens of the sequence whose KV is written."""
-        return self._get(seq_id).num_tokens
+        return self._get(seq_id).num_computed_tokens
 
     def __contains__(self, seq_id) -> bool:
         return seq_id in self._seqs
@@ -443,7 +443,7 @@ class PagedKVCache:
                 f"sequence {sid!r} holds pages beyond its tokens"
             )
             if self.tree is None:
-                assert len(s.page_hashes) == s.num_tokens // ps, (
+                assert len(s.page_hashes) == s.num_computed_tokens // ps, (
                     f"sequence {sid!r}: hash chain length")
             released = _num_released(s.block_table)
             assert all(p >= 0 for p in s.block_table[released:]), (
@@ -477,7 +477,8 @@ class PagedKVCache:
             path = tree.path(s.radix_node)
             top = path[0].parent if path else s.radix_node
             assert top is tree.root(s.extra_key), f"sequence {sid!r}: its node left the tree"
-            assert s.radix_pages == s.num_tokens // ps, f"sequence {sid!r}: full pages not inserted"
+            assert s.radix_pages == s.num_computed_tokens // ps, (
+                f"sequence {sid!r}: full pages not inserted")
             assert list(tree.tokens_to(s.radix_node)) == s.token_ids[:s.radix_pages * ps], (
                 f"sequence {sid!r}: its tree path spells other tokens")
             path_pages = [p for n in path for p in n.value]

@@ -56,7 +56,7 @@ class Sequence:
     radix_pages: int = 0
 
     @property
-    def num_tokens(self) -> int:
+    def num_computed_tokens(self) -> int:
         """Tokens whose KV is written."""
         return len(self.token_ids)
 
