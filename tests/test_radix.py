@@ -114,7 +114,7 @@ def test_evict_never_touches_a_locked_path(runs, k):
 @pytest.mark.parametrize("corrupt, match", [
     (lambda t, n: setattr(n, "lock_ref", n.lock_ref + 5), "hole"),
     (lambda t, n: n.value.append(n.parent.value[0] if n.parent.value else 99), "tokens for"),
-    (lambda t, n: setattr(n, "key", n.key[::-1]), "first page"),
+    (lambda t, n: n.key.reverse(), "first page"),
     (lambda t, n: setattr(n.parent, "lock_ref", 0), "hole"),
     (lambda t, n: t._page_node.__setitem__(1234, n), "page map"),
     (lambda t, n: setattr(t, "evictable_pages", t.evictable_pages + 1), "evictable_pages"),

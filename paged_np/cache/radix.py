@@ -16,7 +16,7 @@ and a node exists only where two cached sequences part ways::
 
 Each :class:`TreeNode` (fields named as in the paper) holds
 
-- ``key``: the token run on the edge from its parent (a tuple);
+- ``key``: the token run on the edge from its parent (a list, so a leaf can grow);
 - ``value``: the pages holding that run's K/V, ``len(key) // page_size`` of
   them, in order;
 - ``children``: child nodes keyed by the first *page* of their key (its first
@@ -77,10 +77,10 @@ class TreeNode:
 
     __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time", "id")
 
-    def __init__(self, parent, key: tuple, value: list, node_id: int, time: int):
+    def __init__(self, parent, key: list, value: list, node_id: int, time: int):
         self.children: dict[tuple, TreeNode] = {}   # first page of child.key -> child
         self.parent: TreeNode | None = parent
-        self.key: tuple = key                       # token ids on the edge from parent
+        self.key: list = key                        # token ids on the edge from parent
         self.value: list = value                    # page ids, len(key) // page_size
         self.lock_ref = 0                           # live sequences whose path passes here
         self.last_access_time = time
@@ -130,7 +130,7 @@ class RadixCache:
         """The root of the tree for ``extra_key`` (prompts under different keys never share)."""
         r = self._roots.get(extra_key)
         if r is None:
-            r = self._roots[extra_key] = TreeNode(None, (), [], next(self._ids), 0)
+            r = self._roots[extra_key] = TreeNode(None, [], [], next(self._ids), 0)
             r.lock_ref = 1                          # a root is never evicted
         return r
 
@@ -241,24 +241,24 @@ class RadixCache:
         private); an edge that agrees with ``key`` only partly is split.
         """
         ps = self.page_size
-        key = tuple(key)
+        key = list(key)
         value = list(value)
         node = self.root(extra_key) if node is None else node
         now = next(self._clock)
         added: list[int] = []
         i = 0
         while i < len(key):
-            child = node.children.get(key[i:i + ps])
+            child = node.children.get(tuple(key[i:i + ps]))
             if child is None:
                 rest_k, rest_v = key[i:], value[i // ps:]
                 if i == 0 and node.parent is not None and not node.children and node.lock_ref == 1:
                     # The caller's own leaf (its lock is the only one): grow it in place.
-                    node.key = node.key + rest_k
-                    node.value = node.value + rest_v
+                    node.key.extend(rest_k)
+                    node.value.extend(rest_v)
                 else:
                     child = TreeNode(node, rest_k, rest_v, next(self._ids), now)
                     child.lock_ref = 0
-                    node.children[rest_k[:ps]] = child
+                    node.children[tuple(rest_k[:ps])] = child
                     node = child
                     # A fresh node is unlocked until the caller locks it: count its pages.
                     self.evictable_pages += len(rest_v)
@@ -322,7 +322,7 @@ class RadixCache:
                 p = node.value.pop()
                 del self._page_node[p]
                 out.append(p)
-            node.key = node.key[:len(node.value) * ps]
+            del node.key[len(node.value) * ps:]
             self.evictable_pages -= take
             self.num_evictions += take
             if node.value:
@@ -372,11 +372,11 @@ class RadixCache:
         upper = TreeNode(parent, child.key[:m * ps], child.value[:m], next(self._ids),
                          child.last_access_time)
         upper.lock_ref = child.lock_ref                # the same sequences pass through both
-        parent.children[upper.key[:ps]] = upper
+        parent.children[tuple(upper.key[:ps])] = upper
         child.key = child.key[m * ps:]
         child.value = child.value[m:]
         child.parent = upper
-        upper.children[child.key[:ps]] = child
+        upper.children[tuple(child.key[:ps])] = child
         for p in upper.value:
             self._page_node[p] = upper
         return upper
@@ -406,7 +406,7 @@ class RadixCache:
             assert node.value, f"node {node.id} holds no page"
             assert len(node.key) == len(node.value) * ps, (
                 f"node {node.id}: {len(node.key)} tokens for {len(node.value)} pages")
-            assert node.parent.children.get(node.key[:ps]) is node, (
+            assert node.parent.children.get(tuple(node.key[:ps])) is node, (
                 f"node {node.id} is not its parent's child under its first page")
             assert node.lock_ref >= sum(c.lock_ref for c in node.children.values()), (
                 f"node {node.id}: lock_ref below its children's: a locked path has a hole")
