@@ -200,10 +200,13 @@ class PagedKVCache:
         self._queries += len(prompt)
         return n_hit
 
-    def num_cached_prefix_tokens(self, prompt, extra_key=None) -> int:
+    def num_cached_prefix_tokens(self, prompt, extra_key=None, page_hashes=None) -> int:
         """Prompt tokens :meth:`add_sequence` would reuse now, changing nothing.
 
-        For a scheduler that ranks waiting requests by cached prefix.
+        For a scheduler that ranks waiting requests by cached prefix. With the
+        hash chain, pass ``page_hashes`` from :meth:`prompt_page_hashes` to skip
+        re-hashing a prompt that is asked about every step (vLLM keeps them
+        on its ``Request`` for the same reason).
         """
         prompt = as_token_ids(prompt, "prompt")
         key = as_extra_key(extra_key)
@@ -211,14 +214,25 @@ class PagedKVCache:
         cap = (len(prompt) - 1) // ps * ps
         if self.tree is not None:
             return self.tree.prefix_length(prompt[:cap], key)
-        parent, n = Sequence(None).last_hash(), 0
-        while n < cap:
-            page_tokens = prompt[n:n + ps]
-            parent = hash_page(parent, page_tokens, key)
-            if self.pool.lookup(parent, page_tokens) is None:
+        if page_hashes is None:
+            page_hashes = self.prompt_page_hashes(prompt, key)
+        n = 0
+        for h in page_hashes[:cap // ps]:
+            if self.pool.lookup(h, prompt[n:n + ps]) is None:
                 break
             n += ps
         return n
+
+    def prompt_page_hashes(self, prompt, extra_key=None) -> list:
+        """The hash chain of a prompt's full pages (below the ``len - 1`` cap)."""
+        prompt = as_token_ids(prompt, "prompt")
+        key = as_extra_key(extra_key)
+        ps = self.page_size
+        out, parent = [], Sequence(None).last_hash()
+        for i in range((len(prompt) - 1) // ps):
+            parent = hash_page(parent, prompt[i * ps:(i + 1) * ps], key)
+            out.append(parent)
+        return out
 
     def allocate_slots(self, seq_id, n: int) -> np.ndarray:
         """Slots (int64 [n]) for positions ``[num_computed_tokens, num_computed_tokens + n)``.

@@ -428,6 +428,8 @@ class RadixCache:
 def _common_pages(key: tuple, tokens, start: int, ps: int) -> int:
     """Whole pages on which ``key`` agrees with ``tokens[start:]``."""
     n = min(len(key), len(tokens) - start)
+    if key[:n] == list(tokens[start:start + n]):      # the common case: the whole edge agrees
+        return n // ps
     j = 0
     while j < n and key[j] == tokens[start + j]:
         j += 1
