@@ -210,3 +210,18 @@ def test_engine_n4_sampling_forks_with_radix(model):
     want = model.dense_generate(prompt, 6)
     assert all(s.token_ids == want for s in outs[0].samples)
     engine.cache.check_invariants()
+
+
+# ---------------------------------------------------------------- drawing
+def test_radix_drawings_come_from_the_cache_state():
+    from paged_np.viz.radix import draw_radix_tree, radix_story
+
+    cache = radix_cache(page_size=2)
+    add_and_fill(cache, "a", [1, 2, 3, 4, 5])
+    add_and_fill(cache, "b", [1, 2, 9, 9, 5])
+    fig = draw_radix_tree(cache)
+    labels = [t.get_text() for t in fig.axes[0].texts]
+    assert sum("lock_ref" in t for t in labels) == cache.stats()["radix_nodes"] == 3
+    assert len(radix_story().axes) == 5
+    with pytest.raises(pnp.InvalidArgument, match="radix"):
+        draw_radix_tree(pnp.PagedKVCache(pnp.CacheConfig(num_pages=4, head_dim=4)))
