@@ -103,10 +103,10 @@ class RadixCache:
     -------
     >>> tree = RadixCache(page_size=2)
     >>> node, new = tree.insert((1, 2, 3, 4), [7, 8])
-    >>> tree.match_prefix([1, 2, 3, 4, 5])[0]
-    [7, 8]
-    >>> tree.insert((1, 2, 9, 9), [7, 5])[1]      # diverges after one page: splits the edge
-    [5]
+    >>> tree.match_prefix([1, 2, 3, 4, 5])[0] == [7, 8]
+    True
+    >>> tree.insert((1, 2, 9, 9), [7, 5])[1] == [5]   # diverges after one page: splits the edge
+    True
     >>> tree.num_nodes, tree.depth
     (3, 2)
     """
