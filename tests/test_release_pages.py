@@ -60,3 +60,16 @@ def test_bad_arguments():
     with pytest.raises(pnp.DTypeError, match="num_tokens"):
         cache.release_pages_before("a", 1.5)
     assert cache.release_pages_before("a", np.int64(-3)) == 0
+
+
+def test_num_released_pages_counts_the_minus_one_prefix():
+    """The cache's count of released pages is what the scheduler sizes requests with."""
+    cache = small_cache(num_pages=8, page_size=4)
+    cache.add_sequence("s", list(range(1, 14)))
+    extend(cache, "s", list(range(1, 14)))              # 13 tokens: 4 pages
+    assert cache.num_released_pages("s") == 0
+    assert cache.release_pages_before("s", 9) == 2
+    assert cache.num_released_pages("s") == 2
+    assert cache.block_table("s").tolist()[:2] == [-1, -1]
+    with pytest.raises(pnp.UnknownSequence):
+        cache.num_released_pages("nope")

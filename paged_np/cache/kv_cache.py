@@ -1,6 +1,6 @@
 """PagedKVCache: the facade over the arena, the page pool and the sequences.
 
-The life of a sequence is four calls (see DESIGN.md)::
+The life of a sequence is four calls (see docs/design.md)::
 
     n_hit = cache.add_sequence("a", prompt)   # reuse cached prefix pages
     slots = cache.allocate_slots("a", n)      # slots for the next n tokens
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..checks import as_extra_key, as_token_ids, check_count
+from ..checks import as_extra_key, as_token_ids, check_int, check_positive_int
 from ..config import CacheConfig
 from ..errors import (
     DTypeError,
@@ -243,7 +243,7 @@ class PagedKVCache:
         Raises ``OutOfPages`` and changes nothing when the pages are not there.
         """
         seq = self._get(seq_id)
-        n = check_count(n, "n")
+        n = check_positive_int("n", n)
         ps = self.page_size
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
         bt = seq.block_table
@@ -369,13 +369,12 @@ class PagedKVCache:
         always a prefix of the block table. Returns how many pages were released.
         """
         seq = self._get(seq_id)
-        if isinstance(num_tokens, bool) or not hasattr(num_tokens, "__index__"):
-            raise DTypeError(f"num_tokens must be an int, got {type(num_tokens).__name__}")
+        num_tokens = check_int("num_tokens", num_tokens)
         bt = seq.block_table
         first = _num_released(bt)
         ps = self.page_size
         # Whole pages below num_tokens, and only pages whose tokens are all written.
-        last = min(max(int(num_tokens), 0) // ps, len(bt), seq.num_computed_tokens // ps)
+        last = min(max(num_tokens, 0) // ps, len(bt), seq.num_computed_tokens // ps)
         self._actor = seq_id
         for i in range(last - 1, first - 1, -1):  # tail-first, as in free()
             self.pool.free(bt[i])
@@ -403,6 +402,10 @@ class PagedKVCache:
     def sequence(self, seq_id) -> Sequence:
         """The bookkeeping object of one sequence (read it, do not change it)."""
         return self._get(seq_id)
+
+    def num_released_pages(self, seq_id) -> int:
+        """Leading block-table entries given back by :meth:`release_pages_before` (-1 now)."""
+        return _num_released(self._get(seq_id).block_table)
 
     def num_computed_tokens(self, seq_id) -> int:
         """Tokens of the sequence whose KV is written."""

@@ -37,7 +37,8 @@ import time
 
 import numpy as np
 
-from ..cache.kv_cache import PagedKVCache, as_token_ids
+from ..cache.kv_cache import PagedKVCache
+from ..checks import as_token_ids, check_int, check_positive_int
 from ..config import CacheConfig
 from ..errors import DTypeError, InvalidArgument, UnknownSequence
 from ..models.llama import ForwardBatch, TinyLlama
@@ -61,14 +62,6 @@ class _ParentRequest:
         self.reqs: list[Request] = []
 
 
-def _engine_int(name, value, low):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise DTypeError(f"Engine: {name} must be an int, got {type(value).__name__}")
-    if value < low:
-        raise InvalidArgument(f"Engine: {name} must be >= {low}, got {value}")
-    return int(value)
-
-
 class Engine:
     """Continuous batching over a paged KV cache.
 
@@ -79,7 +72,8 @@ class Engine:
     max_num_seqs : most sequences running at once.
     max_num_batched_tokens : most tokens in one step (prefill chunks + decodes).
     preemption_mode : "recompute" or "swap" (see :mod:`paged_np.engine.scheduler`).
-    eviction_policy : "lru" (default), "fifo" or "lfu": which cached page goes first.
+    eviction_policy : "lru" (default), "fifo", "lfu" or an EvictionPolicy subclass: which
+        cached page goes first.
     backend : paged attention backend, "numba", "numpy" or "auto".
     swap_pages : pages of host swap space (swap mode); default ``num_pages``.
     record_events : keep ``cache.events`` (for drawings; off for long runs).
@@ -95,18 +89,19 @@ class Engine:
                  prefix_cache: str = "hash"):
         if not isinstance(model, TinyLlama):
             raise DTypeError(f"Engine: model must be a TinyLlama, got {type(model).__name__}")
-        num_pages = _engine_int("num_pages", num_pages, 1)
-        page_size = _engine_int("page_size", page_size, 1)
-        self.max_num_seqs = _engine_int("max_num_seqs", max_num_seqs, 1)
-        self.max_num_batched_tokens = _engine_int(
-            "max_num_batched_tokens", max_num_batched_tokens, 1)
+        num_pages = check_positive_int("Engine: num_pages", num_pages)
+        page_size = check_positive_int("Engine: page_size", page_size)
+        self.max_num_seqs = check_positive_int("Engine: max_num_seqs", max_num_seqs)
+        self.max_num_batched_tokens = check_positive_int(
+            "Engine: max_num_batched_tokens", max_num_batched_tokens)
         if preemption_mode not in PREEMPTION_MODES:
             raise InvalidArgument(f"Engine: preemption_mode must be one of {PREEMPTION_MODES}, "
                                   f"got {preemption_mode!r}")
         if backend not in ENGINE_BACKENDS:
             raise InvalidArgument(
                 f"Engine: backend must be one of {ENGINE_BACKENDS}, got {backend!r}")
-        swap_pages = num_pages if swap_pages is None else _engine_int("swap_pages", swap_pages, 0)
+        swap_pages = (num_pages if swap_pages is None
+                      else check_int("Engine: swap_pages", swap_pages, 0))
         mcfg = model.cfg
         if prefix_cache == "radix" and mcfg.sliding_window is not None:
             raise InvalidArgument(

@@ -37,7 +37,6 @@ fork after their prompt, see :mod:`paged_np.engine.engine`).
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -303,16 +302,10 @@ class Scheduler:
             self.cache.release_pages_before(req.seq_id, req.num_computed_tokens - self.window + 1)
 
     # ----------------------------------------------------------------- sizes
-    def _released(self, req: Request) -> int:
-        """Leading pages of ``req`` already given back (window): -1 entries."""
-        bt = self.cache.sequence(req.seq_id).block_table
-        if not bt or bt[0] >= 0:
-            return 0
-        return bisect_left(bt, True, key=lambda p: p >= 0)
-
     def _max_new_tokens(self, req: Request) -> int:
         """Tokens ``req`` could add if it had every page of the arena to itself."""
-        total = (self._released(req) + self.cache.cfg.num_pages) * self.cache.page_size
+        released = self.cache.num_released_pages(req.seq_id)  # window: given back already
+        total = (released + self.cache.cfg.num_pages) * self.cache.page_size
         return total - req.num_computed_tokens
 
     def _tokens_that_fit(self, req: Request) -> int:
