@@ -70,7 +70,14 @@ def same(answer, expected, atol: float = 1e-6) -> bool:
 
 
 def _show(answer) -> str:
-    text = repr(answer)
+    """A short form of an answer: numbers to 4 digits, at most 60 characters."""
+    try:
+        a = np.asarray(answer)
+        numeric = a.dtype.kind in "biuf" and a.ndim > 0
+    except Exception:
+        numeric = False
+    text = (np.array2string(a, precision=4, threshold=6, separator=", ") if numeric
+            else repr(answer))
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -103,7 +110,12 @@ def check(name: str, answers: dict, expected: dict, hints, done: str = "",
     wrong = [k for k in answers if not same(answers[k], expected[k], atol)]
     if wrong:
         shown = "; ".join(f"{k} = {_show(answers[k])}" for k in wrong)
-        tips = [hints] if isinstance(hints, str) else [hints[k] for k in wrong if k in hints]
-        print(f"Exercise {name}: not right yet: {shown}. Hint: {' '.join(tips)}")
+        if isinstance(hints, str):
+            tips = hints
+        elif len(wrong) == 1:
+            tips = hints.get(wrong[0], "")
+        else:
+            tips = " ".join(f"({k}) {hints[k]}" for k in wrong if k in hints)
+        print(f"Exercise {name}: not right yet: {shown}. Hint: {tips}")
         return
     print(f"Exercise {name}: right! {done}".rstrip())

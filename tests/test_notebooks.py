@@ -180,11 +180,13 @@ def test_check_says_not_done_wrong_or_right(capsys):
     ex.check("t", {"n": 3, "x": 0.5}, want, hints={"n": "hint n", "x": "hint x"})
     ex.check("t", {"n": "3", "x": 0.25}, want, hints={"n": "hint n", "x": "hint x"})
     ex.check("t", {"n": 3, "x": 0.25 + 1e-9}, want, hints="h", done="well done")
+    ex.check("t", {"n": 4, "x": 0.5}, want, hints={"n": "hint n", "x": "hint x"})
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "Exercise t: not done yet (fill in n, x, then run this cell again)"
     assert lines[1] == "Exercise t: not right yet: x = 0.5. Hint: hint x"
     assert lines[2] == "Exercise t: not right yet: n = '3'. Hint: hint n"
     assert lines[3] == "Exercise t: right! well done"
+    assert lines[4] == "Exercise t: not right yet: n = 4; x = 0.5. Hint: (n) hint n (x) hint x"
 
 
 def test_attempt_reports_blank_and_raising_functions(capsys):

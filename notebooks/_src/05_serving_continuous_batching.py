@@ -206,8 +206,9 @@ at_step = None      # the step (1, 2, ...) in which it is preempted
 
 # %% check 5
 ex = pnp.Engine(model, num_pages=6, page_size=4, max_num_seqs=8, backend=BACKEND)
+ex_rng = np.random.default_rng(5)         # its own: running this cell again changes nothing
 for rid, length in (("A", 6), ("B", 3), ("C", 6)):
-    ex.add_request(rng.integers(0, 256, length).tolist(),
+    ex.add_request(ex_rng.integers(0, 256, length).tolist(),
                    pnp.SamplingParams(max_tokens=8, temperature=0.0), request_id=rid)
 while ex.metrics["preemptions"] == 0:
     ex.step()
