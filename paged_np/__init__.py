@@ -1,16 +1,37 @@
 """paged_np: a paged KV cache and paged attention in NumPy and Numba.
 
-Public names only; see DESIGN.md (the contract) and the README.
+``import paged_np as pnp`` gives the public names listed in ``__all__``; the
+design (architecture, page lifecycle, invariants, errors) is in
+``docs/design.md``.
+
+How to read the package, core first:
+
+1. :mod:`paged_np.cache` -- the memory model: the arena of pages, the page pool
+   with ref counts and the prefix index, the eviction policies, one sequence's
+   block table, and :class:`PagedKVCache` over all of them;
+2. :mod:`paged_np.attention` -- attention that reads K/V through block tables:
+   the dense reference, the NumPy lesson with the online softmax, then the
+   Numba CPU and ``numba.cuda`` kernels;
+3. :mod:`paged_np.models` -- a Llama-style model in NumPy that runs on the cache;
+4. :mod:`paged_np.engine` -- the serving engine: sampling, the scheduler with
+   preemption, outputs, and :class:`Engine` that steps them.
+
+Then the tools built on that core: :mod:`paged_np.sim` (the vLLM paper's memory
+figures), :mod:`paged_np.viz` (drawings) and :mod:`paged_np.cli` (the
+``python -m paged_np`` subcommands). :mod:`paged_np.config`,
+:mod:`paged_np.errors` and :mod:`paged_np.checks` sit at the top and are used by
+all of them.
 """
 
 from .attention import merge_attention_states, paged_attention
-from .cache.eviction import FIFOPolicy, LFUPolicy, LRUPolicy
+from .cache.eviction import EvictionPolicy, FIFOPolicy, LFUPolicy, LRUPolicy
 from .cache.kv_cache import BatchMetadata, Event, PagedKVCache
 from .cache.page_pool import PagePool
 from .config import CacheConfig, ModelConfig
 from .engine.engine import Engine
 from .engine.sampling import SamplingParams
 from .errors import (
+    BackendUnavailable,
     CudaUnavailable,
     DTypeError,
     DuplicateSequence,
@@ -26,3 +47,40 @@ from .errors import (
 from .models.llama import TinyLlama
 
 __version__ = "0.1.0"
+
+__all__ = [
+    # cache
+    "BatchMetadata",
+    "Event",
+    "EvictionPolicy",
+    "FIFOPolicy",
+    "LFUPolicy",
+    "LRUPolicy",
+    "PagePool",
+    "PagedKVCache",
+    # attention
+    "merge_attention_states",
+    "paged_attention",
+    # models
+    "TinyLlama",
+    # engine
+    "Engine",
+    "SamplingParams",
+    # configuration
+    "CacheConfig",
+    "ModelConfig",
+    # errors
+    "BackendUnavailable",
+    "CudaUnavailable",
+    "DTypeError",
+    "DuplicateSequence",
+    "IndexOutOfRange",
+    "InvalidArgument",
+    "InvalidBlockTable",
+    "OutOfPages",
+    "PagedNPError",
+    "ShapeError",
+    "StalePage",
+    "UnknownSequence",
+    "__version__",
+]

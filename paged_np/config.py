@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .checks import check_positive_int
 from .errors import DTypeError, InvalidArgument
 
 # ---------------------------------------------------------------------------
@@ -38,20 +39,14 @@ EVICTION_POLICIES = ("lru", "fifo", "lfu")
 KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
 
-def _positive_int(name: str, value, owner: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise DTypeError(f"{owner}.{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise InvalidArgument(f"{owner}.{name} must be >= 1, got {value}")
-    return int(value)
-
-
 @dataclass(frozen=True)
 class CacheConfig:
     """Shape of the paged KV cache.
 
     The arena is ``[num_layers, 2, num_pages, num_kv_heads, page_size, head_dim]``
-    (``2`` = K and V), allocated once.
+    (``2`` = K and V), allocated once. ``eviction_policy`` is ``"lru"``,
+    ``"fifo"``, ``"lfu"`` or a subclass of :class:`~paged_np.EvictionPolicy`
+    (each cache makes its own object of it).
 
     Example
     -------
@@ -67,11 +62,12 @@ class CacheConfig:
     num_kv_heads: int = 1
     head_dim: int = 64
     dtype: object = np.float32
-    eviction_policy: str = "lru"
+    eviction_policy: object = "lru"
 
     def __post_init__(self):
         for name in ("num_pages", "page_size", "num_layers", "num_kv_heads", "head_dim"):
-            object.__setattr__(self, name, _positive_int(name, getattr(self, name), "CacheConfig"))
+            object.__setattr__(self, name, check_positive_int(f"CacheConfig.{name}",
+                                                              getattr(self, name)))
         try:
             dt = np.dtype(self.dtype)
         except TypeError as e:
@@ -79,10 +75,14 @@ class CacheConfig:
         if dt not in KV_DTYPES:
             raise DTypeError(f"CacheConfig.dtype must be float32 or float16, got {dt}")
         object.__setattr__(self, "dtype", dt)
-        if self.eviction_policy not in EVICTION_POLICIES:
+        from .cache.eviction import EvictionPolicy
+
+        policy = self.eviction_policy
+        is_class = isinstance(policy, type) and issubclass(policy, EvictionPolicy)
+        if not is_class and not (isinstance(policy, str) and policy in EVICTION_POLICIES):
             raise InvalidArgument(
-                f"CacheConfig.eviction_policy must be one of {EVICTION_POLICIES}, "
-                f"got {self.eviction_policy!r}"
+                f"CacheConfig.eviction_policy must be one of {EVICTION_POLICIES} or an "
+                f"EvictionPolicy subclass, got {policy!r}"
             )
 
     @property
@@ -120,7 +120,8 @@ class ModelConfig:
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                      "head_dim", "intermediate_size"):
-            object.__setattr__(self, name, _positive_int(name, getattr(self, name), "ModelConfig"))
+            object.__setattr__(self, name, check_positive_int(f"ModelConfig.{name}",
+                                                              getattr(self, name)))
         if self.num_heads % self.num_kv_heads:
             raise InvalidArgument(
                 f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
@@ -135,5 +136,5 @@ class ModelConfig:
             raise InvalidArgument(
                 f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
         if self.sliding_window is not None:
-            object.__setattr__(self, "sliding_window", _positive_int(
-                "sliding_window", self.sliding_window, "ModelConfig"))
+            object.__setattr__(self, "sliding_window", check_positive_int(
+                "ModelConfig.sliding_window", self.sliding_window))

@@ -29,7 +29,7 @@ def token_kv(cache, token_ids, positions, layer):
 def extend(cache, seq_id, token_ids):
     """allocate_slots + write_kv (every layer) + append_tokens for new tokens."""
     token_ids = list(token_ids)
-    start = cache.num_tokens(seq_id)
+    start = cache.num_computed_tokens(seq_id)
     slots = cache.allocate_slots(seq_id, len(token_ids))
     pos = np.arange(start, start + len(token_ids))
     for layer in range(cache.cfg.num_layers):
@@ -52,7 +52,7 @@ def read_kv(cache, seq_id, layer):
     """Gather a sequence's written K/V from the arena: [num_tokens, Hkv, D] each."""
     k_pages, v_pages = cache.layer(layer)
     bt = cache.block_table(seq_id)
-    n = cache.num_tokens(seq_id)
+    n = cache.num_computed_tokens(seq_id)
     pos = np.arange(n)
     pages, off = bt[pos // cache.page_size], pos % cache.page_size
     return k_pages[pages, :, off, :], v_pages[pages, :, off, :]
@@ -60,7 +60,7 @@ def read_kv(cache, seq_id, layer):
 
 def expected_kv(cache, seq_id, layer):
     s = cache.sequence(seq_id)
-    return token_kv(cache, s.token_ids, np.arange(s.num_tokens), layer)
+    return token_kv(cache, s.token_ids, np.arange(s.num_computed_tokens), layer)
 
 
 def snapshot(cache) -> dict:

@@ -54,10 +54,11 @@ def assert_engine_consistent(engine) -> None:
         f"{sorted(map(str, running))}: an orphan (leaked) or a missing sequence")
     for s in sched.running:
         assert s.status == RUNNING, f"running seq {s.seq_id} has status {s.status}"
-        assert cache.num_tokens(s.seq_id) == s.num_computed, (
-            f"seq {s.seq_id}: cache has {cache.num_tokens(s.seq_id)} tokens, engine thinks "
-            f"{s.num_computed} are computed")
-        assert s.num_computed <= s.num_tokens
+        assert cache.num_computed_tokens(s.seq_id) == s.num_computed_tokens, (
+            f"seq {s.seq_id}: cache has {cache.num_computed_tokens(s.seq_id)} tokens, "
+            f"engine thinks "
+            f"{s.num_computed_tokens} are computed")
+        assert s.num_computed_tokens <= s.num_tokens
     for s in waiting:
         assert s.status in (WAITING, SWAPPED), f"waiting seq {s.seq_id} has status {s.status}"
         assert s.seq_id not in running
@@ -65,7 +66,7 @@ def assert_engine_consistent(engine) -> None:
     if sched.swap is not None:
         held = sum(len(s.swap_pages) for s in waiting if s.swap_pages is not None)
         assert sched.swap.num_free + held == sched.swap.data.shape[2], "swap pages leaked"
-    live = {id(s.request) for s in sched.running} | {id(s.request) for s in waiting}
+    live = {id(s.parent) for s in sched.running} | {id(s.parent) for s in waiting}
     assert live <= {id(r) for r in engine._requests.values()}, "a finished request still runs"
     for req in engine._requests.values():
         assert not req.output.finished, f"request {req.request_id} finished but still listed"

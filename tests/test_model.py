@@ -12,7 +12,7 @@ from paged_np.models.llama import ForwardBatch, apply_rope
 
 def _run_step(model, cache, seqs, backend="numpy"):
     """One varlen forward over ``seqs``: list of (seq_id, new_token_ids)."""
-    starts = [cache.num_tokens(s) for s, _ in seqs]
+    starts = [cache.num_computed_tokens(s) for s, _ in seqs]
     slots = [cache.allocate_slots(s, len(t)) for s, t in seqs]
     counts = np.array([len(t) for _, t in seqs])
     qsl = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)

@@ -30,8 +30,8 @@ def test_released_sequence_keeps_growing_forks_and_frees():
     cache.release_pages_before("a", 8)                  # both pages released
     for start in range(9, 30, 4):                       # 29 tokens > 4 pages * 4 slots
         extend(cache, "a", list(range(start, min(start + 4, 30))))
-        cache.release_pages_before("a", cache.num_tokens("a") - 4)
-    assert cache.num_tokens("a") == 29
+        cache.release_pages_before("a", cache.num_computed_tokens("a") - 4)
+    assert cache.num_computed_tokens("a") == 29
     assert cache.stats()["num_in_use"] == 2
     cache.fork("a", "b")                                # shares only held pages
     cache.check_invariants()
@@ -60,3 +60,16 @@ def test_bad_arguments():
     with pytest.raises(pnp.DTypeError, match="num_tokens"):
         cache.release_pages_before("a", 1.5)
     assert cache.release_pages_before("a", np.int64(-3)) == 0
+
+
+def test_num_released_pages_counts_the_minus_one_prefix():
+    """The cache's count of released pages is what the scheduler sizes requests with."""
+    cache = small_cache(num_pages=8, page_size=4)
+    cache.add_sequence("s", list(range(1, 14)))
+    extend(cache, "s", list(range(1, 14)))              # 13 tokens: 4 pages
+    assert cache.num_released_pages("s") == 0
+    assert cache.release_pages_before("s", 9) == 2
+    assert cache.num_released_pages("s") == 2
+    assert cache.block_table("s").tolist()[:2] == [-1, -1]
+    with pytest.raises(pnp.UnknownSequence):
+        cache.num_released_pages("nope")

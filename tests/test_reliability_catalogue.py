@@ -292,9 +292,9 @@ def engine_state(engine) -> dict:
     sched = engine.scheduler
     m = engine.metrics
     return {
-        "running": [(s.seq_id, s.num_computed, list(s.token_ids), s.status)
+        "running": [(s.seq_id, s.num_computed_tokens, list(s.token_ids), s.status)
                     for s in sched.running],
-        "waiting": [(s.seq_id, s.num_computed, list(s.token_ids), s.status)
+        "waiting": [(s.seq_id, s.num_computed_tokens, list(s.token_ids), s.status)
                     for s in sched.waiting],
         "requests": list(engine._requests),
         "done": len(engine._done),

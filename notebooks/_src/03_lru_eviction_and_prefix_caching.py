@@ -103,7 +103,7 @@ assert n_hit == 8 and list(cache.block_table("B")) == [0, 1]
 # %%
 compute(cache, "B", [31, 32])
 print("reused for an 8-token prompt:", cache.add_sequence("C", system))
-assert cache.num_tokens("C") == 4
+assert cache.num_computed_tokens("C") == 4
 cache.free("B"); cache.free("C")
 
 # %% [markdown]

@@ -43,8 +43,8 @@ print(model.cfg)
 #
 # The scheduler (`paged_np.engine.scheduler`, after vLLM's V1) has no separate "prefill" and
 # "decode" phases. Each sequence knows `num_tokens` tokens (prompt plus generated so far),
-# of which `num_computed` have their KV in the cache; a step gives it up to
-# `num_tokens - num_computed` more. A decode is the case where that is 1; a long prompt is
+# of which `num_computed_tokens` have their KV in the cache; a step gives it up to
+# `num_tokens - num_computed_tokens` more. A decode is the case where that is 1; a long prompt is
 # cut into chunks (**chunked prefill**). Two budgets bound a step:
 #
 # - `max_num_batched_tokens`: tokens in the whole step (the cost of the forward pass);
@@ -74,11 +74,11 @@ for rid, length in (("A", 50), ("B", 20), ("C", 10)):
 for _ in range(4):
     engine.step()
     print(f"step {engine.metrics['steps']}: computed / known =",
-          {s.request.request_id: f"{s.num_computed}/{s.num_tokens}"
+          {s.parent.request_id: f"{s.num_computed_tokens}/{s.num_tokens}"
            for s in engine.scheduler.running})
 
 # %%
-tokens_per_step = np.diff(engine.metrics["series"]["num_tokens"], prepend=0)  # [steps]
+tokens_per_step = np.diff(engine.metrics["series"]["scheduled_tokens"], prepend=0)  # [steps]
 by_hand = [32, 18 + 14, 1 + 6 + 10, 1 + 1 + 1]
 print("tokens per step:", tokens_per_step.tolist())
 assert tokens_per_step.tolist() == by_hand
@@ -212,7 +212,7 @@ for rid, length in (("A", 6), ("B", 3), ("C", 6)):
                    pnp.SamplingParams(max_tokens=8, temperature=0.0), request_id=rid)
 while ex.metrics["preemptions"] == 0:
     ex.step()
-first = ex.scheduler.waiting[0].request.request_id           # the victim waits at the front
+first = ex.scheduler.waiting[0].parent.request_id           # the victim waits at the front
 check("5", dict(victim=victim, at_step=at_step),
       dict(victim=first, at_step=ex.metrics["steps"]),
       hints=dict(victim="the scheduler frees room by preempting the newest running "

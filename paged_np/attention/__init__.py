@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..checks import check_positive_int
 from ..config import KV_DTYPES
 from ..errors import (  # BackendUnavailable: defined in errors, still importable from here
     BackendUnavailable,
@@ -343,12 +344,8 @@ def _scale(scale, head_dim) -> float:
 def _sliding_window(window) -> int:
     if window is None:
         return 0
-    if isinstance(window, (bool, np.bool_)) or not isinstance(window, (int, np.integer)):
-        raise DTypeError(f"sliding_window must be an int or None, got {type(window).__name__}")
-    if window < 1:
-        raise InvalidArgument(f"sliding_window must be >= 1 (or None for no window), got "
-                              f"{window}")
-    return min(int(window), int(_INT32_MAX))   # a window past any seq_len = no window
+    window = check_positive_int("sliding_window", window)  # None (no window) is above
+    return min(window, int(_INT32_MAX))   # a window past any seq_len = no window
 
 
 __all__ = [

@@ -313,7 +313,7 @@ def choose_num_splits(n_items: int, max_pages: int, num_threads: int) -> int:
 def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
             sliding_window, return_lse, *, num_splits=None, q_tile=None,
             heads_per_item=None, blas_min_queries=BLAS_MIN_QUERIES):
-    """Backend entry (validated arguments, see the contract in DESIGN.md).
+    """Backend entry (validated arguments, see the contract in docs/design.md).
 
     Sequences with at least ``blas_min_queries`` queries go to
     :func:`paged_np.attention.numba_prefill.attend_sequence` (BLAS); the rest

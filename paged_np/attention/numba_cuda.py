@@ -207,7 +207,7 @@ def launch(p: Plan, q, k_pages, v_pages, block_tables, seq_lens, query_start_loc
 # ---------------------------------------------------------------------------
 def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
             sliding_window, return_lse, *, num_splits=None):
-    """Paged attention on the GPU (the internal backend contract, see DESIGN.md).
+    """Paged attention on the GPU (the internal backend contract, see docs/design.md).
 
     q [T, H, D] float32; k_pages, v_pages [num_pages, Hkv, page_size, D]
     float32|float16; block_tables int32 [B, max_pages]; seq_lens int32 [B];
@@ -282,7 +282,7 @@ class DeviceArena(Arena):
     """The arena ``[num_layers, 2, num_pages, num_kv_heads, page_size, head_dim]`` on the GPU.
 
     ``PagedKVCache(cfg, device="cuda")`` holds one instead of the host
-    :class:`~paged_np.arena.Arena`: same layout, same methods, same checks (the
+    :class:`~paged_np.cache.arena.Arena`: same layout, same methods, same checks (the
     layer and slot checks are inherited), but ``data`` is a device array, writes
     and copy-on-write copies run as kernels, and ``layer(i)`` gives the
     ``k_pages, v_pages`` device views that :func:`forward` reads without a copy.

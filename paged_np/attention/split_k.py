@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..checks import check_positive_int
 from ..errors import DTypeError, InvalidArgument, ShapeError
 from .numpy_paged import attend_sequence
 
@@ -128,10 +129,7 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     on its own, giving a partial ``(out, lse)``, and the partials are merged
     left to right with :func:`merge_attention_states`.
     """
-    if isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer)):
-        raise DTypeError(f"num_splits must be an int, got {type(num_splits).__name__}")
-    if num_splits < 1:
-        raise InvalidArgument(f"num_splits must be >= 1, got {num_splits}")
+    num_splits = check_positive_int("num_splits", num_splits)
     page_size = k_pages.shape[2]
     out = np.empty(q.shape, dtype=np.float32)                    # [T, H, D]
     lse = np.empty(q.shape[:2], dtype=np.float32)                # [T, H]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..checks import check_int
 from ..config import CacheConfig
 from ..errors import DTypeError, IndexOutOfRange, ShapeError
 
@@ -59,11 +60,7 @@ class Arena:
 
     # ------------------------------------------------------------- validation
     def check_layer(self, layer) -> int:
-        if isinstance(layer, bool) or not hasattr(layer, "__index__"):
-            raise DTypeError(f"layer must be an int, got {type(layer).__name__}")
-        if not 0 <= int(layer) < self.cfg.num_layers:
-            raise IndexOutOfRange(f"layer {int(layer)} is outside [0, {self.cfg.num_layers})")
-        return int(layer)
+        return check_int("layer", layer, 0, self.cfg.num_layers)
 
     def check_slots(self, slots) -> np.ndarray:
         slots = np.asarray(slots)

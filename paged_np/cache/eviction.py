@@ -5,12 +5,24 @@ KV is full and hashed, so a later prompt with the same prefix can reuse it.
 When an allocation finds no FREE page, the pool asks the policy for a victim
 among the CACHED pages, forgets that page's hash and hands it out again.
 
-Every policy holds exactly the CACHED pages and answers four questions:
+Every policy holds exactly the CACHED pages. :class:`EvictionPolicy` is the
+abstract base that declares what the pool asks of a policy:
 
 - ``add(page)``: the page just became CACHED (its last reference was dropped);
 - ``remove(page)``: the page left the CACHED set because a prefix hit took it;
 - ``touch(page)``: the page was just used (reorders LRU and LFU);
-- ``pop_victim()``: the page to evict now.
+- ``pop_victim()``: take the page to evict now out of the set and return it;
+- ``len(policy)`` and ``page in policy``: how many pages it holds, and which;
+- ``order()``: the held pages, next victim first (for drawings and checks);
+
+plus two hooks with empty defaults, ``record_hit(page)`` and ``forget(page)``,
+for policies that keep a history. To write a fourth policy, subclass
+:class:`EvictionPolicy`, implement those seven methods and pass the class as
+``CacheConfig(eviction_policy=MyPolicy)`` (or an instance to :class:`PagePool`).
+The pool never calls ``pop_victim`` on an empty policy, never ``add`` for a page
+the policy holds, and never ``remove`` or ``touch`` for one it does not.
+
+Read :class:`LRUPolicy` first: it is the one vLLM uses, and the shortest.
 
 Costs: LRU is O(1) per operation (an ``OrderedDict`` is a hash map threaded
 through a doubly-linked list: ``move_to_end`` and ``popitem(last=False)`` are
@@ -25,20 +37,56 @@ LFU are here for comparison in the notebooks and ``python -m paged_np simulate``
 from __future__ import annotations
 
 import heapq
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from itertools import count
 
 
-class EvictionPolicy:
-    """What every policy offers. Hooks that a policy does not need are no-ops."""
+class EvictionPolicy(ABC):
+    """The interface between the page pool and a policy: the CACHED pages, in some order.
+
+    Subclasses implement the abstract methods below; ``record_hit`` and
+    ``forget`` are optional hooks (no-ops here). ``name`` is what
+    ``PagePool.eviction_policy`` reports.
+    """
 
     name = "base"
 
+    @abstractmethod
+    def add(self, page: int) -> None:
+        """The page became CACHED (ref_count dropped to 0 and it is indexed)."""
+
+    @abstractmethod
+    def remove(self, page: int) -> None:
+        """A prefix hit took the CACHED page back into use: stop holding it."""
+
+    @abstractmethod
+    def touch(self, page: int) -> None:
+        """The CACHED page was just used; a recency policy moves it to the young end."""
+
+    @abstractmethod
+    def pop_victim(self) -> int:
+        """Stop holding one page and return it: the page to evict (never called when empty)."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """How many pages the policy holds (the pool's ``num_cached``)."""
+
+    @abstractmethod
+    def __contains__(self, page: int) -> bool:
+        """Whether the policy holds this page (i.e. the page is CACHED)."""
+
+    @abstractmethod
+    def order(self) -> list[int]:
+        """The held pages, next victim first. May be O(n): for drawings and checks."""
+
     def record_hit(self, page: int) -> None:
-        """A prefix hit reused this page (CACHED or still IN_USE)."""
+        """A prefix hit reused this page (CACHED or still IN_USE). Optional hook."""
+        return None
 
     def forget(self, page: int) -> None:
-        """The page's contents were dropped (it went FREE): forget its history."""
+        """The page's contents were dropped (it went FREE): forget its history. Optional hook."""
+        return None
 
 
 class LRUPolicy(EvictionPolicy):
@@ -182,10 +230,25 @@ class LFUPolicy(_LazyHeapPolicy):
 POLICIES = {"lru": LRUPolicy, "fifo": FIFOPolicy, "lfu": LFUPolicy}
 
 
-def make_policy(name: str):
-    """Return a fresh policy object for ``name`` in ``{"lru", "fifo", "lfu"}``."""
+def make_policy(policy) -> EvictionPolicy:
+    """Return the policy object a pool uses.
+
+    ``policy`` is a name in ``{"lru", "fifo", "lfu"}`` or a subclass of
+    :class:`EvictionPolicy` (a fresh object of it is made), or an empty
+    :class:`EvictionPolicy` object (used as it is).
+    """
     from ..errors import InvalidArgument
 
-    if name not in POLICIES:
-        raise InvalidArgument(f"eviction_policy must be one of {tuple(POLICIES)}, got {name!r}")
-    return POLICIES[name]()
+    if isinstance(policy, EvictionPolicy):
+        if len(policy):
+            raise InvalidArgument(
+                f"eviction_policy: a policy object must be empty, this one holds {len(policy)}"
+                " pages")
+        return policy
+    if isinstance(policy, type) and issubclass(policy, EvictionPolicy):
+        return policy()
+    if isinstance(policy, str) and policy in POLICIES:
+        return POLICIES[policy]()
+    raise InvalidArgument(
+        f"eviction_policy must be one of {tuple(POLICIES)} or an EvictionPolicy subclass,"
+        f" got {policy!r}")

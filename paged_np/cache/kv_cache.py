@@ -1,6 +1,6 @@
 """PagedKVCache: the facade over the arena, the page pool and the sequences.
 
-The life of a sequence is four calls (see DESIGN.md)::
+The life of a sequence is four calls (see docs/design.md)::
 
     n_hit = cache.add_sequence("a", prompt)   # reuse cached prefix pages
     slots = cache.allocate_slots("a", n)      # slots for the next n tokens
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..checks import as_extra_key, as_token_ids, check_count
+from ..checks import as_extra_key, as_token_ids, check_int, check_positive_int
 from ..config import CacheConfig
 from ..errors import (
     DTypeError,
@@ -172,7 +172,7 @@ class PagedKVCache:
         return n_hit
 
     def allocate_slots(self, seq_id, n: int) -> np.ndarray:
-        """Slots (int64 [n]) for positions ``[num_tokens, num_tokens + n)``.
+        """Slots (int64 [n]) for positions ``[num_computed_tokens, num_computed_tokens + n)``.
 
         Allocates pages as needed (evicting cached pages under the policy) and
         copies any shared page that would be written (copy-on-write). Calling
@@ -180,9 +180,9 @@ class PagedKVCache:
         Raises ``OutOfPages`` and changes nothing when the pages are not there.
         """
         seq = self._get(seq_id)
-        n = check_count(n, "n")
+        n = check_positive_int("n", n)
         ps = self.page_size
-        start, end = seq.num_tokens, seq.num_tokens + n
+        start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
         bt = seq.block_table
         last = len(bt) - 1
         if n == 1 and start // ps == last and bt[last] >= 0 and self.pool._ref[bt[last]] == 1:
@@ -235,7 +235,7 @@ class PagedKVCache:
         seq.token_ids.extend(ids)
         seq.num_pending -= len(ids)
         ps = self.page_size
-        for i in range(len(seq.page_hashes), seq.num_tokens // ps):  # newly full pages
+        for i in range(len(seq.page_hashes), seq.num_computed_tokens // ps):  # newly full pages
             page_tokens = seq.token_ids[i * ps:(i + 1) * ps]
             h = hash_page(seq.last_hash(), page_tokens, seq.extra_key)
             seq.page_hashes.append(h)
@@ -282,13 +282,12 @@ class PagedKVCache:
         always a prefix of the block table. Returns how many pages were released.
         """
         seq = self._get(seq_id)
-        if isinstance(num_tokens, bool) or not hasattr(num_tokens, "__index__"):
-            raise DTypeError(f"num_tokens must be an int, got {type(num_tokens).__name__}")
+        num_tokens = check_int("num_tokens", num_tokens)
         bt = seq.block_table
         first = _num_released(bt)
         ps = self.page_size
         # Whole pages below num_tokens, and only pages whose tokens are all written.
-        last = min(max(int(num_tokens), 0) // ps, len(bt), seq.num_tokens // ps)
+        last = min(max(num_tokens, 0) // ps, len(bt), seq.num_computed_tokens // ps)
         self._actor = seq_id
         for i in range(last - 1, first - 1, -1):  # tail-first, as in free()
             self.pool.free(bt[i])
@@ -317,9 +316,13 @@ class PagedKVCache:
         """The bookkeeping object of one sequence (read it, do not change it)."""
         return self._get(seq_id)
 
-    def num_tokens(self, seq_id) -> int:
+    def num_released_pages(self, seq_id) -> int:
+        """Leading block-table entries given back by :meth:`release_pages_before` (-1 now)."""
+        return _num_released(self._get(seq_id).block_table)
+
+    def num_computed_tokens(self, seq_id) -> int:
         """Tokens of the sequence whose KV is written."""
-        return self._get(seq_id).num_tokens
+        return self._get(seq_id).num_computed_tokens
 
     def __contains__(self, seq_id) -> bool:
         return seq_id in self._seqs
@@ -363,7 +366,8 @@ class PagedKVCache:
             assert len(s.block_table) <= -(-s.seq_len // ps) or s.seq_len == 0, (
                 f"sequence {sid!r} holds pages beyond its tokens"
             )
-            assert len(s.page_hashes) == s.num_tokens // ps, f"sequence {sid!r}: hash chain length"
+            assert len(s.page_hashes) == s.num_computed_tokens // ps, (
+                f"sequence {sid!r}: hash chain length")
             released = _num_released(s.block_table)
             assert all(p >= 0 for p in s.block_table[released:]), (
                 f"sequence {sid!r}: a released (-1) page after a held one"

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..errors import DTypeError, IndexOutOfRange, OutOfPages, StalePage
+from ..checks import check_int, check_positive_int
+from ..errors import DTypeError, OutOfPages, StalePage
 from .eviction import make_policy
 
 FREE, IN_USE, CACHED = "free", "in_use", "cached"
@@ -43,8 +44,9 @@ class PagePool:
         Pages in the arena.
     page_size : int
         Token slots per page (the pool only reports it; it never looks inside).
-    eviction_policy : {"lru", "fifo", "lfu"}
-        Which CACHED page an allocation evicts when no page is FREE.
+    eviction_policy : {"lru", "fifo", "lfu"}, an EvictionPolicy subclass or an empty instance
+        Which CACHED page an allocation evicts when no page is FREE (see
+        :mod:`paged_np.cache.eviction` to write your own).
 
     Example
     -------
@@ -55,11 +57,9 @@ class PagePool:
     4
     """
 
-    def __init__(self, num_pages: int, page_size: int, eviction_policy: str = "lru"):
-        from ..config import _positive_int
-
-        self.num_pages = _positive_int("num_pages", num_pages, "PagePool")
-        self.page_size = _positive_int("page_size", page_size, "PagePool")
+    def __init__(self, num_pages: int, page_size: int, eviction_policy="lru"):
+        self.num_pages = check_positive_int("PagePool.num_pages", num_pages)
+        self.page_size = check_positive_int("PagePool.page_size", page_size)
         self.policy = make_policy(eviction_policy)
         self._ref = [0] * self.num_pages  # ref_count per page
         # Stack of FREE pages; popping from the end hands out page 0 first.
@@ -225,12 +225,7 @@ class PagePool:
             self.listener(kind, p)
 
     def _check_id(self, page_id) -> int:
-        if isinstance(page_id, bool) or not hasattr(page_id, "__index__"):
-            raise DTypeError(f"page_id must be an int, got {type(page_id).__name__}")
-        p = int(page_id)
-        if not 0 <= p < self.num_pages:
-            raise IndexOutOfRange(f"page_id {p} is outside [0, {self.num_pages})")
-        return p
+        return check_int("page_id", page_id, 0, self.num_pages)
 
     def check_invariants(self) -> None:
         """Raise AssertionError naming the first broken invariant (O(num_pages))."""

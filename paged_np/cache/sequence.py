@@ -51,7 +51,7 @@ class Sequence:
     num_pending: int = 0
 
     @property
-    def num_tokens(self) -> int:
+    def num_computed_tokens(self) -> int:
         """Tokens whose KV is written."""
         return len(self.token_ids)
 

@@ -42,7 +42,7 @@ def _row(cache: PagedKVCache) -> str:
 
 def _tables(cache: PagedKVCache) -> str:
     return "\n".join(f"      {sid!s:>3}: block table {cache.block_table(sid).tolist()}"
-                     f"  ({cache.num_tokens(sid)} tokens)" for sid in cache.seq_ids)
+                     f"  ({cache.num_computed_tokens(sid)} tokens)" for sid in cache.seq_ids)
 
 
 def run(out: str | None = "paged_np_demo.png", quiet: bool = False) -> PagedKVCache:

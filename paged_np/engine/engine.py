@@ -37,19 +37,20 @@ import time
 
 import numpy as np
 
-from ..cache.kv_cache import PagedKVCache, as_token_ids
+from ..cache.kv_cache import PagedKVCache
+from ..checks import as_token_ids, check_int, check_positive_int
 from ..config import CacheConfig
 from ..errors import DTypeError, InvalidArgument, UnknownSequence
 from ..models.llama import ForwardBatch, TinyLlama
 from .outputs import RequestOutput, SampleOutput
 from .sampling import SamplingParams, make_rng, sample_tokens
-from .scheduler import RUNNING, Scheduler, Seq
+from .scheduler import RUNNING, Request, Scheduler
 
 PREEMPTION_MODES = ("recompute", "swap")
 ENGINE_BACKENDS = ("numpy", "numba", "auto")
 
 
-class _Request:
+class _ParentRequest:
     """The engine's record of one request: its output and its sequences."""
 
     def __init__(self, request_id, index, prompt, params, output):
@@ -58,15 +59,7 @@ class _Request:
         self.prompt = prompt
         self.params = params
         self.output = output
-        self.seqs: list[Seq] = []
-
-
-def _engine_int(name, value, low):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise DTypeError(f"Engine: {name} must be an int, got {type(value).__name__}")
-    if value < low:
-        raise InvalidArgument(f"Engine: {name} must be >= {low}, got {value}")
-    return int(value)
+        self.reqs: list[Request] = []
 
 
 class Engine:
@@ -79,7 +72,8 @@ class Engine:
     max_num_seqs : most sequences running at once.
     max_num_batched_tokens : most tokens in one step (prefill chunks + decodes).
     preemption_mode : "recompute" or "swap" (see :mod:`paged_np.engine.scheduler`).
-    eviction_policy : "lru" (default), "fifo" or "lfu": which cached page goes first.
+    eviction_policy : "lru" (default), "fifo", "lfu" or an EvictionPolicy subclass: which
+        cached page goes first.
     backend : paged attention backend, "numba", "numpy" or "auto".
     swap_pages : pages of host swap space (swap mode); default ``num_pages``.
     record_events : keep ``cache.events`` (for drawings; off for long runs).
@@ -91,18 +85,19 @@ class Engine:
                  swap_pages: int | None = None, record_events: bool = False):
         if not isinstance(model, TinyLlama):
             raise DTypeError(f"Engine: model must be a TinyLlama, got {type(model).__name__}")
-        num_pages = _engine_int("num_pages", num_pages, 1)
-        page_size = _engine_int("page_size", page_size, 1)
-        self.max_num_seqs = _engine_int("max_num_seqs", max_num_seqs, 1)
-        self.max_num_batched_tokens = _engine_int(
-            "max_num_batched_tokens", max_num_batched_tokens, 1)
+        num_pages = check_positive_int("Engine: num_pages", num_pages)
+        page_size = check_positive_int("Engine: page_size", page_size)
+        self.max_num_seqs = check_positive_int("Engine: max_num_seqs", max_num_seqs)
+        self.max_num_batched_tokens = check_positive_int(
+            "Engine: max_num_batched_tokens", max_num_batched_tokens)
         if preemption_mode not in PREEMPTION_MODES:
             raise InvalidArgument(f"Engine: preemption_mode must be one of {PREEMPTION_MODES}, "
                                   f"got {preemption_mode!r}")
         if backend not in ENGINE_BACKENDS:
             raise InvalidArgument(
                 f"Engine: backend must be one of {ENGINE_BACKENDS}, got {backend!r}")
-        swap_pages = num_pages if swap_pages is None else _engine_int("swap_pages", swap_pages, 0)
+        swap_pages = (num_pages if swap_pages is None
+                      else check_int("Engine: swap_pages", swap_pages, 0))
         mcfg = model.cfg
         self.model = model
         self.backend = backend
@@ -120,7 +115,7 @@ class Engine:
         self._stats = dict(steps=0, generated_tokens=0, scheduled_tokens=0, peak_pages_in_use=0,
                            schedule_s=0.0, model_s=0.0, sample_s=0.0)
         self._series = {k: [] for k in ("step", "running", "waiting", "num_free", "num_cached",
-                                        "num_in_use", "num_tokens", "preemptions")}
+                                        "num_in_use", "scheduled_tokens", "preemptions")}
 
     # ------------------------------------------------------------ requests
     def add_request(self, prompt, params: SamplingParams | None = None, request_id=None,
@@ -141,16 +136,16 @@ class Engine:
         self._num_requests += 1
         out = RequestOutput(request_id, list(prompt),
                             [SampleOutput(j) for j in range(params.n)])
-        req = _Request(request_id, index, prompt, params, out)
+        parent = _ParentRequest(request_id, index, prompt, params, out)
         reason = self._never_fits(len(prompt))
         if reason:
-            self._finish_request(req, "error", reason)
+            self._finish_request(parent, "error", reason)
             return request_id
-        seq = Seq(next(self._seq_ids), req, out.samples[0], list(prompt),
+        req = Request(next(self._seq_ids), parent, out.samples[0], list(prompt),
                   make_rng(params.seed, index, 0), pending_fork=params.n - 1)
-        req.seqs.append(seq)
-        self._requests[request_id] = req
-        self.scheduler.waiting.append(seq)
+        parent.reqs.append(req)
+        self._requests[request_id] = parent
+        self.scheduler.waiting.append(req)
         return request_id
 
     def _check_request(self, prompt, params):
@@ -169,12 +164,12 @@ class Engine:
 
     def abort(self, request_id) -> None:
         """Stop a request now; its pages go back to the pool."""
-        req = self._requests.get(request_id)
-        if req is None:
+        parent = self._requests.get(request_id)
+        if parent is None:
             raise UnknownSequence(f"request_id {request_id!r} is not running or waiting")
-        for seq in req.seqs:
-            self.scheduler.remove(seq)
-        self._finish_request(req, "abort")
+        for req in parent.reqs:
+            self.scheduler.remove(req)
+        self._finish_request(parent, "abort")
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests) or bool(self._done)
@@ -220,8 +215,8 @@ class Engine:
         """One scheduling round and one forward pass; returns requests finished now."""
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
-        for seq, reason in sched.failed:
-            self._finish_seq(seq, "error", reason)
+        for req, reason in sched.failed:
+            self._finish_seq(req, "error", reason)
         batch = self._build_batch(sched.scheduled) if sched.scheduled else None
         t1 = time.perf_counter()
         if batch is not None:
@@ -246,7 +241,7 @@ class Engine:
         # One pass in Python over the scheduled sequences, then NumPy on whole arrays.
         counts, starts, ends, tokens = [], [], [], []
         for s, n, _ in scheduled:
-            c = s.num_computed
+            c = s.num_computed_tokens
             counts.append(n)                                     # new tokens this step
             starts.append(c)                                     # first new position
             ends.append(s.num_tokens)                            # tokens it knows
@@ -271,70 +266,70 @@ class Engine:
         cache, sched = self.cache, self.scheduler
         rows, row_seqs = [], []                                  # logits row per sampler
         row = 0
-        for seq, n, _ in scheduled:
-            c = seq.num_computed
-            cache.append_tokens(seq.seq_id, seq.token_ids[c:c + n])
-            seq.num_computed = c + n
-            sched.release_outside_window(seq)
-            if seq.num_computed < seq.num_tokens:                # a prefill chunk: no sample
+        for req, n, _ in scheduled:
+            c = req.num_computed_tokens
+            cache.append_tokens(req.seq_id, req.token_ids[c:c + n])
+            req.num_computed_tokens = c + n
+            sched.release_outside_window(req)
+            if req.num_computed_tokens < req.num_tokens:                # a prefill chunk: no sample
                 continue
             rows.append(row)
-            row_seqs.append(seq)
-            for child in self._fork(seq):                        # n > 1: after the prompt
+            row_seqs.append(req)
+            for child in self._fork(req):                        # n > 1: after the prompt
                 rows.append(row)
                 row_seqs.append(child)
             row += 1
         if not row_seqs:
             return
-        tokens = sample_tokens(logits[rows], [s.request.params for s in row_seqs],
+        tokens = sample_tokens(logits[rows], [s.parent.params for s in row_seqs],
                                [s.rng for s in row_seqs])        # [S'] int64
-        for seq, tok in zip(row_seqs, tokens.tolist()):
-            seq.token_ids.append(tok)
-            seq.sample.token_ids.append(tok)
-            params = seq.request.params
+        for req, tok in zip(row_seqs, tokens.tolist()):
+            req.token_ids.append(tok)
+            req.sample.token_ids.append(tok)
+            params = req.parent.params
             if tok in params.stop_token_ids:
-                self._finish_seq(seq, "stop")
-            elif len(seq.sample.token_ids) >= params.max_tokens:
-                self._finish_seq(seq, "length")
+                self._finish_seq(req, "stop")
+            elif len(req.sample.token_ids) >= params.max_tokens:
+                self._finish_seq(req, "length")
         self._stats["generated_tokens"] += len(row_seqs)
 
-    def _fork(self, seq: Seq) -> list[Seq]:
+    def _fork(self, req: Request) -> list[Request]:
         """After the prompt of an ``n > 1`` request: n - 1 siblings share its pages."""
-        if not seq.pending_fork:
+        if not req.pending_fork:
             return []
-        req, children = seq.request, []
-        for j in range(1, seq.pending_fork + 1):
-            child = Seq(next(self._seq_ids), req, req.output.samples[j], list(seq.token_ids),
-                        make_rng(req.params.seed, req.index, j),
-                        num_computed=seq.num_computed, status=RUNNING)
-            self.cache.fork(seq.seq_id, child.seq_id)          # copy-on-write later
+        parent, children = req.parent, []
+        for j in range(1, req.pending_fork + 1):
+            child = Request(next(self._seq_ids), parent, parent.output.samples[j],
+                            list(req.token_ids), make_rng(parent.params.seed, parent.index, j),
+                            num_computed_tokens=req.num_computed_tokens, status=RUNNING)
+            self.cache.fork(req.seq_id, child.seq_id)          # copy-on-write later
             self.scheduler.running.append(child)
-            req.seqs.append(child)
+            parent.reqs.append(child)
             children.append(child)
-        seq.pending_fork = 0
+        req.pending_fork = 0
         return children
 
     # ------------------------------------------------------------ finishing
-    def _finish_seq(self, seq: Seq, reason: str, error: str | None = None) -> None:
-        self.scheduler.remove(seq)
-        seq.sample.finish_reason = reason
-        req = seq.request
+    def _finish_seq(self, req: Request, reason: str, error: str | None = None) -> None:
+        self.scheduler.remove(req)
+        req.sample.finish_reason = reason
+        parent = req.parent
         if error is not None:
-            req.output.error = error
-        if reason == "error" and seq.pending_fork:               # its siblings never started
-            for s in req.output.samples[1:]:
+            parent.output.error = error
+        if reason == "error" and req.pending_fork:               # its siblings never started
+            for s in parent.output.samples[1:]:
                 s.finish_reason = "error"
-        if req.output.finished:
-            self._finish_request(req, None)
+        if parent.output.finished:
+            self._finish_request(parent, None)
 
-    def _finish_request(self, req: _Request, reason: str | None, error: str | None = None):
-        for s in req.output.samples:
+    def _finish_request(self, parent: _ParentRequest, reason: str | None, error: str | None = None):
+        for s in parent.output.samples:
             if s.finish_reason is None:
                 s.finish_reason = reason
         if error is not None:
-            req.output.error = error
-        self._requests.pop(req.request_id, None)
-        self._done.append(req.output)
+            parent.output.error = error
+        self._requests.pop(parent.request_id, None)
+        self._done.append(parent.output)
 
     def _never_fits(self, prompt_len: int) -> str | None:
         """Why a prompt can never be served, or None."""
@@ -361,7 +356,7 @@ class Engine:
         ser["num_free"].append(pool.num_free)
         ser["num_cached"].append(pool.num_cached)
         ser["num_in_use"].append(pool.num_in_use)
-        ser["num_tokens"].append(st["scheduled_tokens"])
+        ser["scheduled_tokens"].append(st["scheduled_tokens"])
         ser["preemptions"].append(sched.num_preemptions)
 
     @property

@@ -26,15 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..checks import check_int, check_positive_int
 from ..errors import DTypeError, InvalidArgument
-
-
-def _int(name, value, low):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise DTypeError(f"SamplingParams.{name} must be an int, got {type(value).__name__}")
-    if value < low:
-        raise InvalidArgument(f"SamplingParams.{name} must be >= {low}, got {value}")
-    return int(value)
 
 
 def _real(name, value):
@@ -74,9 +67,9 @@ class SamplingParams:
 
     def __post_init__(self):
         set_ = object.__setattr__
-        set_(self, "max_tokens", _int("max_tokens", self.max_tokens, 1))
-        set_(self, "n", _int("n", self.n, 1))
-        set_(self, "top_k", _int("top_k", self.top_k, -1))
+        set_(self, "max_tokens", check_positive_int("SamplingParams.max_tokens", self.max_tokens))
+        set_(self, "n", check_positive_int("SamplingParams.n", self.n))
+        set_(self, "top_k", check_int("SamplingParams.top_k", self.top_k, -1))
         set_(self, "temperature", _real("temperature", self.temperature))
         if self.temperature < 0:
             raise InvalidArgument(
@@ -85,13 +78,14 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:
             raise InvalidArgument(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None:
-            set_(self, "seed", _int("seed", self.seed, 0))
+            set_(self, "seed", check_int("SamplingParams.seed", self.seed, 0))
         try:
             stops = tuple(self.stop_token_ids)
         except TypeError:
             raise DTypeError("SamplingParams.stop_token_ids must be a sequence of ints, got "
                              f"{type(self.stop_token_ids).__name__}") from None
-        set_(self, "stop_token_ids", tuple(_int("stop_token_ids", t, 0) for t in stops))
+        set_(self, "stop_token_ids",
+             tuple(check_int("SamplingParams.stop_token_ids", t, 0) for t in stops))
 
     @property
     def greedy(self) -> bool:

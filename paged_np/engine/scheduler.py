@@ -1,9 +1,9 @@
 """The scheduler: which sequences run this step, with how many tokens each.
 
 It follows vLLM v1's scheduler. There are no separate "prefill" and "decode"
-phases: every sequence simply has ``num_computed`` tokens whose KV is in the
+phases: every sequence simply has ``num_computed_tokens`` tokens whose KV is in the
 cache out of ``num_tokens`` it knows (prompt + generated), and a step gives it
-``min(num_tokens - num_computed, budget)`` more. A decode is the case where
+``min(num_tokens - num_computed_tokens, budget)`` more. A decode is the case where
 that is 1; a long prompt is cut into chunks (chunked prefill). One step mixes
 both, under two budgets: ``max_num_seqs`` running sequences and
 ``max_num_batched_tokens`` tokens.
@@ -22,7 +22,7 @@ Each step:
 Preemption comes in two flavours (``preemption_mode``):
 
 - ``"recompute"``: free the victim's pages and put it back at the *front* of
-  the waiting queue with ``num_computed = 0``. When it returns, its prompt and
+  the waiting queue with ``num_computed_tokens = 0``. When it returns, its prompt and
   the tokens it had generated are prefilled again; pages still cached are hit
   and cost nothing.
 - ``"swap"``: copy the victim's pages into a host-side :class:`SwapArena`,
@@ -37,7 +37,6 @@ fork after their prompt, see :mod:`paged_np.engine.engine`).
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -49,15 +48,23 @@ WAITING, RUNNING, SWAPPED, FINISHED = "waiting", "running", "swapped", "finished
 
 
 @dataclass(eq=False)
-class Seq:
-    """One sequence in the cache: a sample of a request (vLLM v1: a ``Request``)."""
+class Request:
+    """What the scheduler runs: one stream of tokens, one sample of a user's request.
+
+    vLLM v1 calls it a ``Request`` too (an ``n > 1`` request fans out into
+    ``n`` of them under one parent). Two counts drive everything:
+    ``num_tokens`` (prompt + generated, what it knows) and
+    ``num_computed_tokens`` (those whose K/V is in the cache). The cache's own
+    record of the same tokens is :class:`paged_np.cache.sequence.Sequence`,
+    keyed by ``seq_id``.
+    """
 
     seq_id: int                   # the cache's id
-    request: object               # the engine's request record
+    parent: object                # the engine's record of the whole request (n samples)
     sample: object                # its SampleOutput (generated ids, finish reason)
     token_ids: list               # prompt + generated so far
     rng: object                   # np.random.Generator of this sample
-    num_computed: int = 0         # tokens whose KV is in the cache
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache
     status: str = WAITING
     pending_fork: int = 0         # siblings still to fork off after the prompt (n - 1)
     num_preemptions: int = 0
@@ -65,6 +72,7 @@ class Seq:
 
     @property
     def num_tokens(self) -> int:
+        """Prompt plus generated tokens: what the request knows."""
         return len(self.token_ids)
 
     @property
@@ -75,10 +83,10 @@ class Seq:
 
 @dataclass
 class SchedulerOutput:
-    """What one step runs: ``(seq, num_new_tokens, slots)`` triples, plus refusals."""
+    """What one step runs: ``(req, num_new_tokens, slots)`` triples, plus refusals."""
 
     scheduled: list = field(default_factory=list)
-    failed: list = field(default_factory=list)   # (seq, reason): can never run
+    failed: list = field(default_factory=list)   # (req, reason): can never run
 
 
 class SwapArena:
@@ -99,35 +107,35 @@ class SwapArena:
     def num_free(self) -> int:
         return len(self._free)
 
-    def swap_out(self, cache, seq: Seq) -> list | None:
-        """Copy the pages of ``seq``'s computed tokens to the host; None if no room."""
-        n_pages = -(-seq.num_computed // self.page_size)
-        pages = cache.block_table(seq.seq_id)[:n_pages]             # [n_pages] page ids
+    def swap_out(self, cache, req: Request) -> list | None:
+        """Copy the pages of ``req``'s computed tokens to the host; None if no room."""
+        n_pages = -(-req.num_computed_tokens // self.page_size)
+        pages = cache.block_table(req.seq_id)[:n_pages]             # [n_pages] page ids
         if n_pages > len(self._free) or (pages < 0).any():
             return None
         host = [self._free.pop() for _ in range(n_pages)]
         self.data[:, :, host] = cache.arena[:, :, pages]            # every layer, K and V
         return host
 
-    def swap_in(self, cache, seq: Seq, start: int) -> None:
-        """Write positions ``[start, num_computed)`` back (slots from allocate_slots).
+    def swap_in(self, cache, req: Request, start: int) -> None:
+        """Write positions ``[start, num_computed_tokens)`` back (slots from allocate_slots).
 
         Raises OutOfPages (changing nothing) when the pages are not there.
         """
-        n = seq.num_computed - start
-        slots = cache.allocate_slots(seq.seq_id, n)                 # [n] int64
-        pos = np.arange(start, seq.num_computed)                    # [n] positions
-        host = np.asarray(seq.swap_pages)[pos // self.page_size]    # [n] host pages
+        n = req.num_computed_tokens - start
+        slots = cache.allocate_slots(req.seq_id, n)                 # [n] int64
+        pos = np.arange(start, req.num_computed_tokens)                    # [n] positions
+        host = np.asarray(req.swap_pages)[pos // self.page_size]    # [n] host pages
         off = pos % self.page_size                                  # [n]
         for layer in range(self.data.shape[0]):
             k = self.data[layer, 0][host, :, off]                   # [n, Hkv, D]
             v = self.data[layer, 1][host, :, off]                   # [n, Hkv, D]
             cache.write_kv(layer, slots, k, v)
-        cache.append_tokens(seq.seq_id, seq.token_ids[start:seq.num_computed])
+        cache.append_tokens(req.seq_id, req.token_ids[start:req.num_computed_tokens])
 
-    def release(self, seq: Seq) -> None:
-        self._free.extend(seq.swap_pages or ())
-        seq.swap_pages = None
+    def release(self, req: Request) -> None:
+        self._free.extend(req.swap_pages or ())
+        req.swap_pages = None
 
 
 class Scheduler:
@@ -142,8 +150,8 @@ class Scheduler:
         self.window = sliding_window
         self.swap = SwapArena(cache, swap_pages) if preemption_mode == "swap" else None
         self._arena_tokens = cache.cfg.num_slots
-        self.waiting: deque[Seq] = deque()
-        self.running: list[Seq] = []     # in admission order: the last is the next victim
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []     # in admission order: the last is the next victim
         self.num_preemptions = 0
         self.num_swapped_out = 0
         self.num_swapped_in = 0
@@ -157,111 +165,111 @@ class Scheduler:
         # 1. Running sequences, oldest first.
         i = 0
         while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            if seq.num_computed == seq.num_tokens:       # a failed step: see _recompute_last
+            req = self.running[i]
+            if req.num_computed_tokens == req.num_tokens:       # a failed step: see _recompute_last
                 self._recompute_last(self.running.pop(i))
                 continue
-            n = min(seq.num_tokens - seq.num_computed, budget)
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
             slots = None
             while slots is None:
-                if seq.num_computed + n > self._arena_tokens:   # rare: cap to the arena
-                    n = min(n, self._max_new_tokens(seq))
+                if req.num_computed_tokens + n > self._arena_tokens:   # rare: cap to the arena
+                    n = min(n, self._max_new_tokens(req))
                 if n < 1:
                     break
                 try:
-                    slots = self.cache.allocate_slots(seq.seq_id, n)
+                    slots = self.cache.allocate_slots(req.seq_id, n)
                 except OutOfPages:
                     if len(self.running) == 1:           # alone: shrink the chunk to fit
-                        n = min(n - 1, self._tokens_that_fit(seq))
+                        n = min(n - 1, self._tokens_that_fit(req))
                         continue
-                    victim = self.running.pop()          # the newest, maybe seq itself
+                    victim = self.running.pop()          # the newest, maybe req itself
                     self._preempt(victim)
                     preempted = True
-                    if victim is seq:
+                    if victim is req:
                         break
             if slots is not None:
-                out.scheduled.append((seq, n, slots))
+                out.scheduled.append((req, n, slots))
                 budget -= n
                 i += 1
-            elif i < len(self.running) and self.running[i] is seq:  # alone, nothing fits
-                out.failed.append((seq, self._too_big(seq)))
-                self.remove(seq)                         # its pages are free right now
-            else:                                        # seq preempted itself
+            elif i < len(self.running) and self.running[i] is req:  # alone, nothing fits
+                out.failed.append((req, self._too_big(req)))
+                self.remove(req)                         # its pages are free right now
+            else:                                        # req preempted itself
                 break
 
         # 2. Waiting sequences, in order, if this step preempted nobody.
         seats = sum(s.seats for s in self.running)
         while self.waiting and budget > 0 and not preempted:
-            seq = self.waiting[0]
-            if seats + seq.seats > self.max_num_seqs:
+            req = self.waiting[0]
+            if seats + req.seats > self.max_num_seqs:
                 break
-            admitted = self._admit(seq, budget)
+            admitted = self._admit(req, budget)
             if admitted is None:
                 if not self.running:                     # nothing will ever free pages
-                    out.failed.append((seq, self._too_big(seq)))
-                    self.remove(seq)
+                    out.failed.append((req, self._too_big(req)))
+                    self.remove(req)
                     continue
                 break
             n, slots = admitted
             self.waiting.popleft()
-            seq.status = RUNNING
-            self.running.append(seq)
-            seats += seq.seats
-            out.scheduled.append((seq, n, slots))
+            req.status = RUNNING
+            self.running.append(req)
+            seats += req.seats
+            out.scheduled.append((req, n, slots))
             budget -= n
         return out
 
     # ------------------------------------------------------------- admission
-    def _admit(self, seq: Seq, budget: int):
-        """Put ``seq`` in the cache and give it its first chunk; None (undone) if short."""
+    def _admit(self, req: Request, budget: int):
+        """Put ``req`` in the cache and give it its first chunk; None (undone) if short."""
         cache = self.cache
-        swapped = seq.status == SWAPPED
-        known = seq.token_ids[:seq.num_computed] if swapped else seq.token_ids
-        n_hit = cache.add_sequence(seq.seq_id, known)   # prefix pages: no compute
-        if seq.num_preemptions == 0 and seq.sample.index == 0:
-            seq.request.output.num_cached_prompt_tokens = n_hit
+        swapped = req.status == SWAPPED
+        known = req.token_ids[:req.num_computed_tokens] if swapped else req.token_ids
+        n_hit = cache.add_sequence(req.seq_id, known)   # prefix pages: no compute
+        if req.num_preemptions == 0 and req.sample.index == 0:
+            req.parent.output.num_cached_prompt_tokens = n_hit
         try:
             if swapped:
-                if n_hit < seq.num_computed:
-                    self.swap.swap_in(cache, seq, n_hit)
+                if n_hit < req.num_computed_tokens:
+                    self.swap.swap_in(cache, req, n_hit)
             else:
-                seq.num_computed = n_hit
-                self.release_outside_window(seq)
-            n = min(seq.num_tokens - seq.num_computed, budget, self._max_new_tokens(seq))
+                req.num_computed_tokens = n_hit
+                self.release_outside_window(req)
+            n = min(req.num_tokens - req.num_computed_tokens, budget, self._max_new_tokens(req))
             if n < 1:
                 raise OutOfPages("no room for a single token")
-            slots = cache.allocate_slots(seq.seq_id, n)
+            slots = cache.allocate_slots(req.seq_id, n)
         except BaseException as e:                       # OutOfPages, or a fault mid-swap-in
-            cache.free(seq.seq_id)                       # undo; the swap copy stays
+            cache.free(req.seq_id)                       # undo; the swap copy stays
             if not swapped:
-                seq.num_computed = 0
+                req.num_computed_tokens = 0
             if not isinstance(e, OutOfPages):
                 raise                                    # nothing is left half-admitted
             return None
         if swapped:
-            self.swap.release(seq)
+            self.swap.release(req)
             self.num_swapped_in += 1
         return n, slots
 
     # ------------------------------------------------------------ preemption
-    def _preempt(self, seq: Seq) -> None:
-        """Take ``seq`` out of the cache and put it at the front of the queue."""
+    def _preempt(self, req: Request) -> None:
+        """Take ``req`` out of the cache and put it at the front of the queue."""
         self.num_preemptions += 1
-        seq.num_preemptions += 1
+        req.num_preemptions += 1
         host = None
-        if self.swap is not None and self.window is None and seq.num_computed > 0:
-            host = self.swap.swap_out(self.cache, seq)
-        self.cache.free(seq.seq_id)
+        if self.swap is not None and self.window is None and req.num_computed_tokens > 0:
+            host = self.swap.swap_out(self.cache, req)
+        self.cache.free(req.seq_id)
         if host is not None:
-            seq.swap_pages = host
-            seq.status = SWAPPED
+            req.swap_pages = host
+            req.status = SWAPPED
             self.num_swapped_out += 1
         else:                                            # recompute from scratch
-            seq.num_computed = 0
-            seq.status = WAITING
-        self.waiting.appendleft(seq)
+            req.num_computed_tokens = 0
+            req.status = WAITING
+        self.waiting.appendleft(req)
 
-    def _recompute_last(self, seq: Seq) -> None:
+    def _recompute_last(self, req: Request) -> None:
         """Requeue a running sequence whose KV is all written but whose next token was
         never sampled: a step raised after ``append_tokens`` (while sampling, say).
 
@@ -269,51 +277,45 @@ class Scheduler:
         sequence; its full pages are still cached, so only the last page's
         tokens are computed again.
         """
-        self.cache.free(seq.seq_id)
-        seq.num_computed = 0
-        seq.num_preemptions += 1                         # keeps its first prefix-hit count
-        seq.status = WAITING
-        self.waiting.appendleft(seq)
+        self.cache.free(req.seq_id)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1                         # keeps its first prefix-hit count
+        req.status = WAITING
+        self.waiting.appendleft(req)
 
-    def remove(self, seq: Seq) -> None:
+    def remove(self, req: Request) -> None:
         """Drop a sequence from wherever it is (finished or aborted)."""
-        if seq in self.running:
-            self.running.remove(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
-        if seq.seq_id in self.cache:
-            self.cache.free(seq.seq_id)
-        if seq.swap_pages is not None:
-            self.swap.release(seq)
-        seq.status = FINISHED
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        if req.seq_id in self.cache:
+            self.cache.free(req.seq_id)
+        if req.swap_pages is not None:
+            self.swap.release(req)
+        req.status = FINISHED
 
     # --------------------------------------------------------- sliding window
-    def release_outside_window(self, seq: Seq) -> None:
-        """Return pages no future query can see (all keys before ``num_computed - W + 1``)."""
-        if self.window is not None and seq.num_computed > self.window:
-            self.cache.release_pages_before(seq.seq_id, seq.num_computed - self.window + 1)
+    def release_outside_window(self, req: Request) -> None:
+        """Return pages no future query can see: keys before ``num_computed_tokens - W + 1``."""
+        if self.window is not None and req.num_computed_tokens > self.window:
+            self.cache.release_pages_before(req.seq_id, req.num_computed_tokens - self.window + 1)
 
     # ----------------------------------------------------------------- sizes
-    def _released(self, seq: Seq) -> int:
-        """Leading pages of ``seq`` already given back (window): -1 entries."""
-        bt = self.cache.sequence(seq.seq_id).block_table
-        if not bt or bt[0] >= 0:
-            return 0
-        return bisect_left(bt, True, key=lambda p: p >= 0)
+    def _max_new_tokens(self, req: Request) -> int:
+        """Tokens ``req`` could add if it had every page of the arena to itself."""
+        released = self.cache.num_released_pages(req.seq_id)  # window: given back already
+        total = (released + self.cache.cfg.num_pages) * self.cache.page_size
+        return total - req.num_computed_tokens
 
-    def _max_new_tokens(self, seq: Seq) -> int:
-        """Tokens ``seq`` could add if it had every page of the arena to itself."""
-        total = (self._released(seq) + self.cache.cfg.num_pages) * self.cache.page_size
-        return total - seq.num_computed
-
-    def _tokens_that_fit(self, seq: Seq) -> int:
-        """Tokens ``seq`` can add with its pages plus every free or cached one."""
-        held = len(self.cache.sequence(seq.seq_id).block_table)
+    def _tokens_that_fit(self, req: Request) -> int:
+        """Tokens ``req`` can add with its pages plus every free or cached one."""
+        held = len(self.cache.sequence(req.seq_id).block_table)
         total = (held + self.cache.pool.num_available) * self.cache.page_size
-        return total - seq.num_computed
+        return total - req.num_computed_tokens
 
-    def _too_big(self, seq: Seq) -> str:
+    def _too_big(self, req: Request) -> str:
         cfg = self.cache.cfg
-        return (f"sequence of {seq.num_tokens} tokens cannot fit in the cache "
+        return (f"sequence of {req.num_tokens} tokens cannot fit in the cache "
                 f"(num_pages={cfg.num_pages} x page_size={cfg.page_size} = "
                 f"{cfg.num_slots} slots) even with every other request preempted")

@@ -42,7 +42,7 @@ import numpy as np
 
 from ..attention import paged_attention
 from ..attention.reference import dense_attention
-from ..checks import as_token_ids
+from ..checks import as_token_ids, check_positive_int
 from ..config import ModelConfig
 from ..errors import DTypeError, InvalidArgument, ShapeError
 
@@ -228,10 +228,7 @@ class TinyLlama:
         ``stop_token_ids`` (included) or after ``max_tokens`` tokens.
         """
         ids = as_token_ids(prompt_ids, "prompt_ids")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)):
-            raise DTypeError(f"max_tokens must be an int, got {type(max_tokens).__name__}")
-        if max_tokens < 1:
-            raise InvalidArgument(f"max_tokens must be >= 1, got {max_tokens}")
+        max_tokens = check_positive_int("max_tokens", max_tokens)
         stops = set(int(t) for t in stop_token_ids)
         out: list[int] = []
         while len(out) < max_tokens:

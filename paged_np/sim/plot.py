@@ -1,6 +1,6 @@
 """Figures and the text table of ``python -m paged_np simulate``.
 
-Every function takes the results dict of :func:`paged_np.simulate.run` (or the
+Every function takes the results dict of :func:`paged_np.sim.simulate.run` (or the
 JSON it writes) and returns a matplotlib ``Figure`` or a string; nothing is
 shown on screen (the Agg backend), so they work in scripts, tests and CI:
 

@@ -235,7 +235,7 @@ def beam_search_pages(requests, width: int, page_size: int, rng: np.random.Gener
                       ambiguity: float = 0.04) -> tuple[int, int]:
     """Page-steps (shared, unshared) of beam search of ``width`` k per request.
 
-    Each step follows :func:`~paged_np.workloads.beam_search_tree`: a beam
+    Each step follows :func:`~paged_np.sim.workloads.beam_search_tree`: a beam
     chosen once continues as itself, one chosen again is forked, one not chosen
     is freed; then every beam writes its token (copy-on-write where shared).
     """

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..checks import check_positive_int
 from ..errors import InvalidArgument, ShapeError
 from .arena import _pyplot
 
@@ -30,8 +31,7 @@ def online_softmax_trace(q, k, page_size: int, scale: float | None = None) -> di
     k = np.asarray(k, dtype=np.float64)
     if q.ndim != 1 or k.ndim != 2 or k.shape[1] != q.shape[0] or k.shape[0] == 0:
         raise ShapeError(f"q must be [head_dim] and k [n>0, head_dim], got {q.shape}, {k.shape}")
-    if page_size < 1:
-        raise InvalidArgument(f"page_size must be >= 1, got {page_size}")
+    page_size = check_positive_int("page_size", page_size)
     scale = 1.0 / np.sqrt(q.shape[0]) if scale is None else float(scale)
     scores = k @ q * scale                                  # [n]
     n_pages = -(-len(scores) // page_size)
