@@ -29,22 +29,28 @@ from .cache.kv_cache import BatchMetadata, Event, PagedKVCache
 from .cache.page_pool import PagePool
 from .config import CacheConfig, ModelConfig
 from .engine.engine import Engine
+from .engine.llm import LLM
 from .engine.sampling import SamplingParams
 from .errors import (
     BackendUnavailable,
+    ChatTemplateError,
     CudaUnavailable,
     DTypeError,
     DuplicateSequence,
     IndexOutOfRange,
     InvalidArgument,
     InvalidBlockTable,
+    ModelFetchError,
+    ModelLoadError,
     OutOfPages,
     PagedNPError,
     ShapeError,
     StalePage,
     UnknownSequence,
 )
-from .models.llama import TinyLlama
+from .models import load_model
+from .models.llama import LlamaModel, TinyLlama
+from .models.tokenizer import IncrementalDetokenizer, Tokenizer
 
 __version__ = "0.1.0"
 
@@ -62,21 +68,29 @@ __all__ = [
     "merge_attention_states",
     "paged_attention",
     # models
+    "LlamaModel",
     "TinyLlama",
+    "Tokenizer",
+    "IncrementalDetokenizer",
+    "load_model",
     # engine
     "Engine",
+    "LLM",
     "SamplingParams",
     # configuration
     "CacheConfig",
     "ModelConfig",
     # errors
     "BackendUnavailable",
+    "ChatTemplateError",
     "CudaUnavailable",
     "DTypeError",
     "DuplicateSequence",
     "IndexOutOfRange",
     "InvalidArgument",
     "InvalidBlockTable",
+    "ModelFetchError",
+    "ModelLoadError",
     "OutOfPages",
     "PagedNPError",
     "ShapeError",

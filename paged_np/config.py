@@ -104,7 +104,18 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape of the small Llama-style decoder (see :mod:`paged_np.models.llama`)."""
+    """Shape of a Llama-style decoder (see :mod:`paged_np.models.llama`).
+
+    The defaults are the small random test model. A real checkpoint's loader
+    fills every field from the file (:func:`paged_np.load_model`); SmolLM2-135M
+    is ``vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9,
+    num_kv_heads=3, head_dim=64, intermediate_size=1536, rope_theta=100000,
+    tie_word_embeddings=True, max_position_embeddings=8192``.
+
+    ``tie_word_embeddings``: the LM head is the embedding matrix transposed
+    (no separate ``lm_head`` weight). ``max_position_embeddings``: the context
+    the checkpoint was trained for (informational: RoPE itself has no limit).
+    """
 
     vocab_size: int = 256
     hidden_size: int = 128
@@ -116,10 +127,12 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
     sliding_window: int | None = None
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 2048
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                     "head_dim", "intermediate_size"):
+                     "head_dim", "intermediate_size", "max_position_embeddings"):
             object.__setattr__(self, name, check_positive_int(f"ModelConfig.{name}",
                                                               getattr(self, name)))
         if self.num_heads % self.num_kv_heads:
@@ -138,3 +151,7 @@ class ModelConfig:
         if self.sliding_window is not None:
             object.__setattr__(self, "sliding_window", check_positive_int(
                 "ModelConfig.sliding_window", self.sliding_window))
+        if not isinstance(self.tie_word_embeddings, (bool, np.bool_)):
+            raise DTypeError("ModelConfig.tie_word_embeddings must be a bool, got "
+                             f"{type(self.tie_word_embeddings).__name__}")
+        object.__setattr__(self, "tie_word_embeddings", bool(self.tie_word_embeddings))

@@ -71,6 +71,20 @@ class CudaUnavailable(BackendUnavailable):
     """
 
 
+class ModelLoadError(PagedNPError):
+    """A checkpoint that cannot be loaded: missing file, unsupported architecture or
+    quantization type, malformed config. The message names the fix."""
+
+
+class ModelFetchError(ModelLoadError):
+    """A known model that cannot be fetched (no network, checksum mismatch). The message
+    gives the command to run and where to put the file."""
+
+
+class ChatTemplateError(PagedNPError, ValueError):
+    """A chat template that is missing, does not compile, or refuses the conversation."""
+
+
 __all__ = [
     "PagedNPError",
     "OutOfPages",
@@ -84,4 +98,7 @@ __all__ = [
     "DTypeError",
     "BackendUnavailable",
     "CudaUnavailable",
+    "ModelLoadError",
+    "ModelFetchError",
+    "ChatTemplateError",
 ]

@@ -174,6 +174,31 @@ class Engine:
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests) or bool(self._done)
 
+    def request_output(self, request_id) -> RequestOutput:
+        """A queued or running request's output, updated in place at every step."""
+        parent = self._requests.get(request_id)
+        if parent is not None:
+            return parent.output
+        for out in self._done:                   # finished, not yet handed back by step()
+            if out.request_id == request_id:
+                return out
+        raise UnknownSequence(f"request_id {request_id!r} is not running or waiting")
+
+    def finish_sample(self, request_id, index: int, reason: str = "stop") -> None:
+        """End one sample of a request now (a stop string seen by the caller).
+
+        Its pages go back to the pool; the request finishes (and the next
+        :meth:`step` returns it) when its last sample does.
+        """
+        parent = self._requests.get(request_id)
+        if parent is None:
+            raise UnknownSequence(f"request_id {request_id!r} is not running or waiting")
+        for req in list(parent.reqs):
+            if req.sample.index == index and not req.sample.finished:
+                self._finish_seq(req, reason)
+                return
+        raise InvalidArgument(f"index: request {request_id!r} has no unfinished sample {index}")
+
     def generate(self, prompts, params=None, progress=None) -> list[RequestOutput]:
         """Serve every prompt to completion; outputs in the order of ``prompts``.
 

@@ -6,9 +6,13 @@ token ids and why it stopped. For the common ``n == 1`` case
 ``out.token_ids`` and ``out.finish_reason`` read sample 0 directly.
 
 Finish reasons: ``"length"`` (``max_tokens`` reached), ``"stop"`` (a stop
-token, kept in ``token_ids``), ``"abort"`` (:meth:`Engine.abort`),
+token, kept in ``token_ids``, or a stop string: :class:`paged_np.LLM`),
+``"abort"`` (:meth:`Engine.abort`),
 ``"error"`` (the request could not be served, e.g. its prompt needs more
 pages than the whole cache holds; ``out.error`` says why).
+
+The engine works on token ids and leaves the text fields empty;
+:class:`paged_np.LLM` fills ``prompt`` and each sample's ``text``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ class SampleOutput:
     index: int
     token_ids: list = field(default_factory=list)
     finish_reason: str | None = None
+    #: The generated text (filled by :class:`paged_np.LLM`; the engine has no tokenizer).
+    text: str = ""
+    #: What stopped it: the stop string, or the stop token id; None otherwise.
+    stop_reason: object = None
 
     @property
     def finished(self) -> bool:
@@ -39,6 +47,18 @@ class RequestOutput:
     error: str | None = None
     #: Prompt tokens whose KV came from the prefix cache at first admission.
     num_cached_prompt_tokens: int = 0
+    #: The prompt's text (filled by :class:`paged_np.LLM` for text prompts).
+    prompt: str | None = None
+
+    @property
+    def outputs(self) -> list:
+        """vLLM's name for :attr:`samples`."""
+        return self.samples
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """vLLM's name for :attr:`num_cached_prompt_tokens`."""
+        return self.num_cached_prompt_tokens
 
     @property
     def finished(self) -> bool:

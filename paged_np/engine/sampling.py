@@ -40,6 +40,24 @@ def _real(name, value):
     return float(value)
 
 
+def _stop_strings(stop) -> tuple:
+    """``None``, a string or a sequence of strings -> a tuple of non-empty strings."""
+    if stop is None:
+        return ()
+    items = [stop] if isinstance(stop, str) else stop
+    try:
+        items = tuple(items)
+    except TypeError:
+        raise DTypeError("SamplingParams.stop must be a str or a list of str, got "
+                         f"{type(stop).__name__}") from None
+    for s in items:
+        if not isinstance(s, str):
+            raise DTypeError(f"SamplingParams.stop must hold strings, got {type(s).__name__}")
+        if not s:
+            raise InvalidArgument("SamplingParams.stop: an empty stop string would stop at once")
+    return items
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample one request (vLLM's names and defaults).
@@ -55,6 +73,10 @@ class SamplingParams:
     stop_token_ids : token ids that end a sample (the stop token is kept in
         its ``token_ids``).
     n : int >= 1, samples per prompt; they share the prompt's pages (fork).
+    stop : a string or a list of strings that end a sample when its text
+        contains one; the text is cut before it. Applied by
+        :class:`paged_np.LLM`, which detokenizes (the engine sees ids only).
+    ignore_eos : keep generating past the tokenizer's EOS (:class:`paged_np.LLM`).
     """
 
     max_tokens: int = 16
@@ -64,6 +86,8 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple = ()
     n: int = 1
+    stop: tuple | None = None
+    ignore_eos: bool = False
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -86,6 +110,11 @@ class SamplingParams:
                              f"{type(self.stop_token_ids).__name__}") from None
         set_(self, "stop_token_ids",
              tuple(check_int("SamplingParams.stop_token_ids", t, 0) for t in stops))
+        set_(self, "stop", _stop_strings(self.stop))
+        if not isinstance(self.ignore_eos, (bool, np.bool_)):
+            raise DTypeError(f"SamplingParams.ignore_eos must be a bool, got "
+                             f"{type(self.ignore_eos).__name__}")
+        set_(self, "ignore_eos", bool(self.ignore_eos))
 
     @property
     def greedy(self) -> bool:

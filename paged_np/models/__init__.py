@@ -1,10 +1,68 @@
-"""Models that run on the paged cache.
+"""Models that run on the paged cache, and the loaders that read real checkpoints.
 
-:mod:`.llama` is a Llama-style decoder written in NumPy: RMSNorm, RoPE, grouped
-query attention through :func:`paged_np.paged_attention`, SwiGLU. It runs with
-small random weights for tests and the toy demo.
+- :mod:`.llama`: a Llama-style decoder written in NumPy (RMSNorm, RoPE, grouped
+  query attention through :func:`paged_np.paged_attention`, SwiGLU). Small
+  random weights for tests and the toy demo, or a real checkpoint's.
+- :mod:`.tokenizer`: text <-> token ids, chat templates, streaming text.
+- :mod:`.gguf` and :mod:`.hf`: checkpoint files -> ``(config, weights, tokenizer)``.
+- :mod:`.hub`: known names (``"smollm2-135m-instruct"``) fetched once into
+  ``PAGED_NP_HOME``.
+
+:func:`load_model` is the one entry point: a name, a ``.gguf`` file or a
+Hugging Face directory in, ``(model, tokenizer)`` out.
 """
 
-from .llama import ForwardBatch, TinyLlama
+from __future__ import annotations
 
-__all__ = ["ForwardBatch", "TinyLlama"]
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DTypeError, ModelLoadError
+from .llama import ForwardBatch, LlamaModel, TinyLlama
+from .tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+def load_model(name_or_path, dtype=np.float32) -> tuple[LlamaModel, Tokenizer]:
+    """Load a Llama checkpoint: ``(model, tokenizer)``.
+
+    ``name_or_path`` is a known name (``"smollm2-135m-instruct"``, fetched into
+    ``PAGED_NP_HOME`` on first use), a ``.gguf`` file, or a Hugging Face model
+    directory (``config.json``, ``*.safetensors``, ``tokenizer.json``).
+    Weights are dequantized to float32 (``dtype`` must be float32).
+
+    Example (downloads 98 MB on first use)::
+
+        model, tok = pnp.load_model("smollm2-135m-instruct")
+        ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Hi"}]))
+        model.dense_generate(ids, max_tokens=8, stop_token_ids=tok.stop_token_ids)
+    """
+    from .gguf import check_dtype, load_gguf
+    from .hf import load_hf
+    from .hub import KNOWN_MODELS, fetch_model
+
+    if not isinstance(name_or_path, (str, Path)):
+        raise DTypeError(f"name_or_path must be a str or a Path, got "
+                         f"{type(name_or_path).__name__}")
+    check_dtype(dtype)
+    if isinstance(name_or_path, str) and name_or_path.lower() in KNOWN_MODELS:
+        path = fetch_model(name_or_path)
+    else:
+        path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        cfg, weights, tokenizer = load_hf(path)
+    elif path.is_file() and path.suffix == ".gguf":
+        cfg, weights, tokenizer = load_gguf(path)
+    elif path.is_file():
+        raise ModelLoadError(f"{path}: not a .gguf file; pass a .gguf file or a Hugging Face "
+                             "model directory")
+    else:
+        raise ModelLoadError(f"{name_or_path!r}: no such file or directory, and not a known "
+                             f"model name (known: {', '.join(KNOWN_MODELS)})")
+    model = LlamaModel(cfg, weights)
+    del weights                                                  # the model holds its own copy
+    return model, tokenizer
+
+
+__all__ = ["ForwardBatch", "LlamaModel", "TinyLlama", "Tokenizer", "IncrementalDetokenizer",
+           "load_model"]

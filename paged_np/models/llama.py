@@ -1,4 +1,4 @@
-"""TinyLlama: a small Llama-style decoder in NumPy, run over a paged KV cache.
+"""LlamaModel: a Llama-style decoder in NumPy, run over a paged KV cache.
 
 The model is the part of a server that the cache exists for. Each layer is
 the Llama recipe::
@@ -9,7 +9,7 @@ the Llama recipe::
 
 Two ways to run it:
 
-- :meth:`TinyLlama.forward` runs **one engine step**: every scheduled token of
+- :meth:`LlamaModel.forward` runs **one engine step**: every scheduled token of
   every sequence at once, in the *varlen* layout that vLLM and FlashInfer use.
   The tokens of all sequences are concatenated into one ``[T]`` array and
   ``query_start_loc`` (int32 ``[B+1]``) says where each sequence's tokens
@@ -18,7 +18,7 @@ Two ways to run it:
   each sequence's history from the cache pages through its block table. Each
   layer first *writes* this step's K and V into their slots, then attends
   (so a token sees itself). There is no Python loop over sequences here.
-- :meth:`TinyLlama.dense_generate` is the truth the engine is checked
+- :meth:`LlamaModel.dense_generate` is the truth the engine is checked
   against: greedy decoding that recomputes the whole sequence at every step
   with dense attention (:mod:`paged_np.attention.reference`) and no cache at
   all. Slow and obviously right.
@@ -28,9 +28,20 @@ attention, so greedy tokens from the engine equal ``dense_generate`` token
 for token (the weights of :meth:`TinyLlama.random` spread the logits so that
 float32 rounding does not flip an argmax).
 
-Compared with a real Llama: no tokenizer (token ids are the interface), no
-tied embeddings, no rope scaling, no bias terms; a few hundred thousand
-parameters so that tests run in seconds.
+The same class runs a real checkpoint: :func:`paged_np.load_model` reads
+SmolLM2-135M-Instruct (GGUF or a Hugging Face directory) into a
+:class:`~paged_np.ModelConfig` and a dict of float32 arrays, and the model
+never knows where they came from. ``TinyLlama`` is the old name, kept.
+
+Weights are stored the way a batch-1 decode wants to stream them: ``[in, out]``
+row-major float32, with q, k and v fused into one ``[H, q+2kv]`` matrix and
+gate and up into one ``[H, 2I]``, so each layer reads 4 matrices with 4
+matrix-vector products instead of 7. ``model.w`` still shows the separate
+weights (``wq``, ``w_gate``, ...) as views into the fused arrays. With tied
+embeddings the LM head is a transposed *view* of the embedding (no copy).
+
+Compared with a real Llama server: no rope scaling, no bias terms, float32
+weights only (quantized checkpoints are dequantized on load).
 """
 
 from __future__ import annotations
@@ -52,9 +63,10 @@ _LAYER_WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_
 
 
 def _weight_shapes(cfg: ModelConfig) -> dict:
+    """Our weight names and shapes; projections are ``[in, out]`` (``y = x @ w``)."""
     H, L, D = cfg.hidden_size, cfg.num_layers, cfg.head_dim
     q_dim, kv_dim, inter = cfg.num_heads * D, cfg.num_kv_heads * D, cfg.intermediate_size
-    return {
+    shapes = {
         "embed": (cfg.vocab_size, H),
         "attn_norm": (L, H), "wq": (L, H, q_dim), "wk": (L, H, kv_dim), "wv": (L, H, kv_dim),
         "wo": (L, q_dim, H),
@@ -62,6 +74,9 @@ def _weight_shapes(cfg: ModelConfig) -> dict:
         "w_down": (L, inter, H),
         "final_norm": (H,), "lm_head": (H, cfg.vocab_size),
     }
+    if cfg.tie_word_embeddings:
+        del shapes["lm_head"]                                    # it is embed.T
+    return shapes
 
 
 @dataclass
@@ -86,8 +101,13 @@ class ForwardBatch:
     logits_indices: np.ndarray
 
 
-class TinyLlama:
+class LlamaModel:
     """A Llama-style decoder with NumPy weights (float32).
+
+    ``weights`` maps the names of :func:`_weight_shapes` to arrays
+    (projections ``[in, out]``); with ``cfg.tie_word_embeddings`` there is no
+    ``lm_head``. The arrays are copied into the fused layout (see the module
+    docstring), so the caller may free its own.
 
     Example
     -------
@@ -105,19 +125,47 @@ class TinyLlama:
         missing = sorted(set(shapes) - set(weights))
         if missing:
             raise InvalidArgument(f"weights: missing {missing}")
-        self.w = {}
         for name, shape in shapes.items():
-            arr = np.ascontiguousarray(weights[name], dtype=np.float32)
-            if arr.shape != shape:
-                raise ShapeError(f"weights[{name!r}] must have shape {shape}, got {arr.shape}")
-            self.w[name] = arr
+            if np.shape(weights[name]) != shape:
+                raise ShapeError(f"weights[{name!r}] must have shape {shape}, "
+                                 f"got {np.shape(weights[name])}")
+        f32 = {name: np.asarray(weights[name], dtype=np.float32) for name in shapes}
+        # Fused storage: one matrix-vector product per group instead of three (or two).
+        self.wqkv = np.concatenate([f32["wq"], f32["wk"], f32["wv"]], axis=2)  # [L, H, q+2kv]
+        self.w_gate_up = np.concatenate([f32["w_gate"], f32["w_up"]], axis=2)  # [L, H, 2I]
+        q_dim = cfg.num_heads * cfg.head_dim
+        kv_dim = cfg.num_kv_heads * cfg.head_dim
+        inter = cfg.intermediate_size
+        self.w = {name: np.ascontiguousarray(f32[name]) for name in
+                  ("embed", "attn_norm", "wo", "mlp_norm", "w_down", "final_norm")}
+        self.w["wq"] = self.wqkv[:, :, :q_dim]                   # views, for reading only
+        self.w["wk"] = self.wqkv[:, :, q_dim:q_dim + kv_dim]
+        self.w["wv"] = self.wqkv[:, :, q_dim + kv_dim:]
+        self.w["w_gate"] = self.w_gate_up[:, :, :inter]
+        self.w["w_up"] = self.w_gate_up[:, :, inter:]
+        # Tied: the LM head is the embedding read sideways, [H, V], a view (BLAS
+        # multiplies by a transposed matrix without copying it).
+        self.w["lm_head"] = (self.w["embed"].T if cfg.tie_word_embeddings
+                             else np.ascontiguousarray(f32["lm_head"]))
+        self._q_dim, self._kv_dim, self._inter = q_dim, kv_dim, inter
         # RoPE frequencies, one per pair of dims: theta^(-2i/D), i < D/2.
         half = cfg.head_dim // 2
         self._inv_freq = cfg.rope_theta ** (-np.arange(half, dtype=np.float64) / half)  # [D/2]
 
     # ------------------------------------------------------------ weights I/O
+    @property
+    def num_parameters(self) -> int:
+        """Parameters (the tied LM head counted once)."""
+        return sum(a.size for k, a in self.w.items()
+                   if not (k == "lm_head" and self.cfg.tie_word_embeddings))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of weight memory this model holds."""
+        return 4 * self.num_parameters
+
     @classmethod
-    def random(cls, cfg: ModelConfig, seed: int = 0) -> TinyLlama:
+    def random(cls, cfg: ModelConfig, seed: int = 0) -> LlamaModel:
         """Seeded random weights, scaled so activations keep unit size.
 
         Projections are ``N(0, 1/fan_in)``; the LM head is drawn 4x larger so
@@ -141,10 +189,12 @@ class TinyLlama:
 
     def save(self, path) -> None:
         """Write the weights and the config to one ``.npz`` file."""
-        np.savez(path, __config__=np.array(json.dumps(asdict(self.cfg))), **self.w)
+        names = _weight_shapes(self.cfg)
+        np.savez(path, __config__=np.array(json.dumps(asdict(self.cfg))),
+                 **{k: self.w[k] for k in names})
 
     @classmethod
-    def load(cls, path) -> TinyLlama:
+    def load(cls, path) -> LlamaModel:
         """Read a model written by :meth:`save`."""
         with np.load(path, allow_pickle=False) as f:
             cfg = ModelConfig(**json.loads(str(f["__config__"])))
@@ -162,11 +212,12 @@ class TinyLlama:
     def qkv(self, layer: int, x: np.ndarray, positions: np.ndarray):
         """Normed ``x`` [T, H] -> q [T, Hq, D], k and v [T, Hkv, D], RoPE applied."""
         cfg, w = self.cfg, self.w
-        T = x.shape[0]
+        T, qd, kd = x.shape[0], self._q_dim, self._kv_dim
         h = rms_norm(x, w["attn_norm"][layer], cfg.rms_norm_eps)  # [T, H]
-        q = (h @ w["wq"][layer]).reshape(T, cfg.num_heads, cfg.head_dim)     # [T, Hq, D]
-        k = (h @ w["wk"][layer]).reshape(T, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
-        v = (h @ w["wv"][layer]).reshape(T, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
+        qkv = h @ self.wqkv[layer]                               # [T, q+2kv], one product
+        q = qkv[:, :qd].reshape(T, cfg.num_heads, cfg.head_dim)           # [T, Hq, D]
+        k = qkv[:, qd:qd + kd].reshape(T, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
+        v = qkv[:, qd + kd:].reshape(T, cfg.num_kv_heads, cfg.head_dim)    # [T, Hkv, D]
         cos, sin = self.rope(positions)                          # [T, D/2] each
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
@@ -181,8 +232,8 @@ class TinyLlama:
         T = x.shape[0]
         x = x + attn.reshape(T, -1) @ w["wo"][layer]             # [T, H]
         h = rms_norm(x, w["mlp_norm"][layer], cfg.rms_norm_eps)  # [T, H]
-        gate = h @ w["w_gate"][layer]                            # [T, I]
-        up = h @ w["w_up"][layer]                                # [T, I]
+        gate_up = h @ self.w_gate_up[layer]                      # [T, 2I], one product
+        gate, up = gate_up[:, :self._inter], gate_up[:, self._inter:]  # [T, I] each
         return x + (silu(gate) * up) @ w["w_down"][layer]        # [T, H]
 
     def logits(self, x: np.ndarray) -> np.ndarray:
@@ -264,3 +315,7 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 def silu(x: np.ndarray) -> np.ndarray:
     """``x * sigmoid(x)``, the gate of SwiGLU."""
     return x / (1.0 + np.exp(-x))
+
+
+#: The old name of :class:`LlamaModel` (the engine, the demo and the notebooks use it).
+TinyLlama = LlamaModel
