@@ -34,9 +34,11 @@ _TMP = tempfile.TemporaryDirectory(prefix="paged_np_docs_")
 
 def on_config(config):
     # The notebook kernels that mkdocs-jupyter starts inherit this environment:
-    # import this checkout's paged_np, and keep Jupyter's inline matplotlib
-    # backend (an inherited MPLBACKEND=Agg would hide every figure).
-    paths = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    # import this checkout's paged_np and the notebooks' exercise checker
+    # (notebooks/_exercise.py), and keep Jupyter's inline matplotlib backend (an
+    # inherited MPLBACKEND=Agg would hide every figure).
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths = [str(ROOT), str(ROOT / "notebooks")] + inherited
     os.environ["PYTHONPATH"] = os.pathsep.join(paths)
     os.environ.pop("MPLBACKEND", None)
     return config

@@ -17,11 +17,14 @@
 # Everything below calls `paged_np`; nothing is re-implemented.
 
 # %%
+import copy
+
 import numpy as np
 import matplotlib.pyplot as plt
 
 import paged_np as pnp
 from paged_np import viz
+from _exercise import attempt, check      # notebooks/_exercise.py: checks your answers
 
 rng = np.random.default_rng(0)
 
@@ -190,61 +193,71 @@ print("kv_indptr =", indptr, " kv_indices =", indices, " last_page_len =", last_
 assert list(indices[indptr[1]:indptr[2]]) == list(cache.block_table("B"))
 
 # %% [markdown]
-# ## Exercise 1: pages and slots of a new sequence
+# ## Exercise 1a: pages and slots of a new sequence
 #
-# A fourth sequence `D` arrives with a 9-token prompt. Before running the cell that
-# checks you, work out:
+# A fourth sequence `D` arrives with a 9-token prompt. Work out, with pencil or code:
 #
 # 1. `n_pages`: how many pages D needs;
 # 2. `free_after`: how many pages will be free in the arena afterwards;
-# 3. `slot_of_last`: the slot of D's last token, *given* that D's last page will be
-#    page id `d_last_page` (printed below: the allocator hands out free pages in order).
+# 3. `slot_of_last`: the slot of D's last token (the allocator hands out the free pages
+#    in the order printed below).
 #
-# Replace the answers (the stored notebook holds a working solution) and run the check.
+# Replace each `None` with your answer, run the cell, then run the check below it. The
+# check runs D through a copy of the cache, so you can run it as often as you like.
 
 # %%
 d_prompt = list(range(300, 309))
 next_free = sorted(p for p in range(cfg.num_pages) if cache.pool.state(p) == "free")
 print("free pages, in the order the allocator hands them out:", next_free)
 
-# Your answers:
-n_pages = -(-len(d_prompt) // P)
-free_after = len(next_free) - n_pages
-slot_of_last = next_free[n_pages - 1] * P + (len(d_prompt) - 1) % P
+# %% exercise 1a
+n_pages = None          # pages D needs
+free_after = None       # pages still free once D is written
+slot_of_last = None     # slot of D's last token (an int)
 
-# %%
-# Check (runs the package and compares)
-cache.add_sequence("D", d_prompt)
-d_slots = compute(cache, "D", d_prompt)
-assert n_pages == len(cache.block_table("D")), "n_pages"
-assert free_after == cache.stats()["num_free"], "free_after"
-assert slot_of_last == d_slots[-1], "slot_of_last"
-cache.check_invariants()
-print("all three right")
+# %% check 1a
+trial = copy.deepcopy(cache)                              # the real cache stays as it is
+trial.add_sequence("D", d_prompt)
+d_slots = compute(trial, "D", d_prompt)
+trial.check_invariants()
+check("1a", dict(n_pages=n_pages, free_after=free_after, slot_of_last=slot_of_last),
+      dict(n_pages=len(trial.block_table("D")), free_after=trial.stats()["num_free"],
+           slot_of_last=int(d_slots[-1])),
+      hints=dict(n_pages="a page holds P tokens; round up.",
+                 free_after="count the free pages printed above, minus D's.",
+                 slot_of_last="page id * P + offset; which of D's pages holds token 8, "
+                              "and at which offset?"),
+      done=f"D's block table is {trial.block_table('D')}.")
 
 # %% [markdown]
-# ## Exercise 2: how much does the page size waste?
+# ## Exercise 1b: how much does the page size waste?
 #
-# With pages of `P` tokens, a sequence of `n` tokens wastes `ceil(n / P) * P - n` slots.
-# For the 16 request lengths of the first cell, compute the **fraction of reserved slots
-# that are wasted** for `P = 1, 16, 256`, as a dict `waste[P]`. The check builds a real
-# cache for each page size and compares with its bookkeeping.
+# With pages of `P` tokens, a sequence of `n` tokens reserves `ceil(n / P) * P` slots and
+# leaves the unused tail of its last page empty. Write the body of `waste_fraction`: for
+# the request lengths of the first cell (`lengths`, an int array), the **fraction of the
+# reserved slots that hold no token**. The check builds a real cache for `P = 1, 16, 256`,
+# allocates every request, and counts the slots of the pages it used.
 
-# %%
-waste = {ps: float(1 - lengths.sum() / (np.sum(-(-lengths // ps)) * ps)) for ps in (1, 16, 256)}
-waste
+# %% exercise 1b
+def waste_fraction(lengths, page_size):
+    """Fraction of reserved slots left empty: lengths [n] int, page_size P -> float."""
+    raise NotImplementedError        # your code here (two or three lines of NumPy)
 
-# %%
-# Check: allocate every request in a real cache and count the slots of its pages
-for ps, answer in waste.items():
-    c = pnp.PagedKVCache(pnp.CacheConfig(num_pages=int(np.sum(-(-lengths // ps))), page_size=ps,
-                                         head_dim=4), record_events=False)
+# %% check 1b
+want = {}
+for ps in (1, 16, 256):
+    c = pnp.PagedKVCache(pnp.CacheConfig(num_pages=int(np.sum(-(-lengths // ps))),
+                                         page_size=ps, head_dim=4), record_events=False)
     for i, n in enumerate(lengths):
         c.add_sequence(i, [1] * int(n))
         c.allocate_slots(i, int(n))
-    reserved_slots = c.stats()["num_in_use"] * ps
-    assert np.isclose(answer, 1 - lengths.sum() / reserved_slots), ps
-print({ps: f"{w:.1%}" for ps, w in waste.items()})
+    want[ps] = 1 - lengths.sum() / (c.stats()["num_in_use"] * ps)
+got = [attempt(waste_fraction, lengths, ps) for ps in want]
+check("1b", {"waste_fraction": None if None in got else got},
+      {"waste_fraction": list(want.values())},
+      hints="reserved = sum over requests of ceil(n / P) * P (-(-n // P) is ceil in "
+            "integers); the waste is 1 - used / reserved.",
+      done=", ".join(f"P={ps}: {w:.1%} wasted" for ps, w in want.items()))
 
 # %% [markdown]
 # Small pages waste less but make the kernel's reads shorter and the tables longer;

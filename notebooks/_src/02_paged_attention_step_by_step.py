@@ -22,6 +22,7 @@ from paged_np import viz
 from paged_np.attention.reference import dense_attention
 from paged_np.attention.numpy_paged import attend_sequence
 from paged_np.attention import split_k
+from _exercise import attempt, check      # notebooks/_exercise.py: checks your answers
 
 rng = np.random.default_rng(0)
 
@@ -191,22 +192,25 @@ for splits in (1, 2, 3, 5):
     assert np.allclose(o, ref_out, atol=1e-5) and np.allclose(l, ref_lse, atol=1e-5)
 
 # %% [markdown]
-# ## Exercise: merge by hand
+# ## Exercise 2: merge by hand
 #
-# Using only the per-page results `outs` (`[n_pages, D]`) and `lses` (`[n_pages]`) from
-# above, compute the full output **without** `merge_attention_states`, in two or three
-# lines of NumPy. Hint: first the total `lse` (stably: subtract the max before `exp`), then
-# each page's weight. Store it in `my_out` and run the check.
+# Write the body of `merge_pages`: from the per-page results `outs` (`[n_pages, D]`) and
+# `lses` (`[n_pages]`) computed above, the full output (`[D]`), **without**
+# `merge_attention_states`, in two or three lines of NumPy. Run the cell, then the check,
+# which compares your output with the package's paged kernel.
 
-# %%
-lse_total = lses.max() + np.log(np.exp(lses - lses.max()).sum())
-my_out = (np.exp(lses - lse_total)[:, None] * outs).sum(axis=0)   # [D]
+# %% exercise 2
+def merge_pages(outs, lses):
+    """outs [n_pages, D], lses [n_pages] -> the output over all pages, [D]."""
+    raise NotImplementedError        # your code here
 
-# %%
-# Check against the package's paged kernel
-assert my_out.shape == (D,)
-assert np.allclose(my_out, out_paged[0, 0], atol=1e-5), np.abs(my_out - out_paged[0, 0]).max()
-print("exact: max error", np.abs(my_out - out_paged[0, 0]).max())
+# %% check 2
+check("2", {"merge_pages": attempt(merge_pages, outs, lses)},
+      {"merge_pages": out_paged[0, 0]}, atol=1e-5,
+      hints="first the total lse = log(sum(exp(lses))), stably: subtract lses.max() "
+            "before exp and add it back; then page i weighs exp(lses[i] - lse). A plain "
+            "mean of the pages is the wrong answer drawn above.",
+      done="Exact: the pages' outputs, weighted by their share of the softmax mass.")
 
 # %% [markdown]
 # **Next:** notebook 3 shows what happens to the pages when a request finishes, and how a

@@ -18,12 +18,15 @@
 # ```
 
 # %%
+import copy
+
 import numpy as np
 import matplotlib.pyplot as plt
 
 import paged_np as pnp
 from paged_np import viz
 from paged_np.cache.sequence import hash_page, ROOT_HASH
+from _exercise import check              # notebooks/_exercise.py: checks your answers
 
 rng = np.random.default_rng(0)
 
@@ -224,13 +227,14 @@ assert rates["fifo"][-1] < rates["lru"][-1] <= rates["lfu"][-1]
 # its risk is the opposite one: a page that *was* popular stays long after it stopped
 # being asked for.
 #
-# ## Exercise: predict the next victim
+# ## Exercise 3: predict the next victim
 #
-# Starting from the state below, the cell performs: `touch` on the page that is currently
+# Starting from the state below, the check performs: `touch` on the page that is currently
 # the next victim (it moves to the young end, as if just used), then a new request whose
 # prompt is the second system prompt `systems[1]` plus two tokens. Which page will be the
 # next victim after that? Write `next_victim` as a page id, using only
-# `order = cache.pool.eviction_order()` as printed and the hit rule.
+# `order = cache.pool.eviction_order()` as printed and the hit rule. (The check works on a
+# copy of the cache, so you can run it as often as you like.)
 
 # %%
 cache = pnp.PagedKVCache(pnp.CacheConfig(num_pages=12, page_size=4, head_dim=8))
@@ -240,16 +244,18 @@ order = cache.pool.eviction_order()
 print("eviction order now:", order)
 print("pages of systems[1]:", order[3:6][::-1], "(released tail first)")
 
-# Your answer: after touch(order[0]) the line is order[1:] + [order[0]]; the hit on
-# systems[1] takes its pages out of the line, so the next victim is:
-next_victim = order[1]
+# %% exercise 3
+next_victim = None      # a page id
 
-# %%
-# Check
-cache.touch(order[0])
-cache.add_sequence("new", systems[1] + [1, 2])
-assert cache.pool.eviction_order()[0] == next_victim, cache.pool.eviction_order()
-print("right: the next victim is", next_victim)
+# %% check 3
+trial = copy.deepcopy(cache)                              # the real cache stays as it is
+trial.touch(order[0])
+trial.add_sequence("new", systems[1] + [1, 2])
+check("3", {"next_victim": next_victim}, {"next_victim": trial.pool.eviction_order()[0]},
+      hints="touch moves order[0] to the young end of the line; the new request's hit "
+            "takes the pages of systems[1] out of the line (they are in use again). "
+            "Which page is then at the old end?",
+      done=f"The line is now {trial.pool.eviction_order()}.")
 
 # %% [markdown]
 # **Next:** notebook 4 shares pages between *live* sequences (parallel sampling, beam

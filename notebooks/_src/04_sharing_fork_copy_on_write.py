@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt
 
 import paged_np as pnp
 from paged_np import viz
+from _exercise import check              # notebooks/_exercise.py: checks your answers
 
 rng = np.random.default_rng(0)
 
@@ -172,21 +173,18 @@ cache.check_invariants()
 fig = viz.draw_block_tables(cache, title="beam search after 9 steps: a shared stem, own tails")
 
 # %% [markdown]
-# ## Exercise: when does a fork cost nothing?
+# ## Exercise 4: when does a fork cost nothing?
 #
 # A sequence of **12** tokens (exactly three pages of 4) is forked into `n = 5` children
 # (so six sequences in all), and then every one of the six writes one token. How many
 # copy-on-write copies happen, and how many pages are in use afterwards?
 # Set `cow` and `in_use`, then run the check.
 
-# %%
-# Your answers (the last page is full: the new token goes to a fresh page, nothing shared
-# is written; each of the 6 sequences gets one fresh page):
-cow = 0
-in_use = 3 + 6
+# %% exercise 4
+cow = None          # copy-on-write copies
+in_use = None       # pages in use after the six writes
 
-# %%
-# Check
+# %% check 4
 c = pnp.PagedKVCache(pnp.CacheConfig(num_pages=16, page_size=4, head_dim=8))
 c.add_sequence("p", list(range(12)))
 compute(c, "p", list(range(12)))
@@ -194,9 +192,13 @@ for i in range(5):
     c.fork("p", f"c{i}")
 for s in c.seq_ids:
     compute(c, s, [99])
-assert c.stats()["cow_copies"] == cow, c.stats()["cow_copies"]
-assert c.stats()["num_in_use"] == in_use, c.stats()["num_in_use"]
-print("right:", cow, "copies,", in_use, "pages in use")
+check("4", dict(cow=cow, in_use=in_use),
+      dict(cow=c.stats()["cow_copies"], in_use=c.stats()["num_in_use"]),
+      hints=dict(cow="a copy happens only when a sequence writes into a shared page that "
+                     "still has room. Has the last page of 12 tokens any room?",
+                 in_use="the shared pages are stored once; then count the pages the six "
+                        "new tokens land on."),
+      done="A fork at a page boundary costs nothing: every write goes to a fresh page.")
 
 # %% [markdown]
 # **Next:** notebook 5 puts the cache under a scheduler: continuous batching, and what

@@ -29,6 +29,7 @@ import paged_np as pnp
 from paged_np import viz
 from paged_np.sim import simulate, workloads
 from paged_np.cli.demo import serve
+from _exercise import check              # notebooks/_exercise.py: checks your answers
 
 N_REQUESTS = 24          # size knob: requests in the streams below
 N_SIM = 200              # size knob: requests in the memory-breakdown simulation
@@ -187,7 +188,7 @@ for mode, (_, o) in runs.items():               # ... and nobody's answer change
 # checked above: paging, preemption and swapping change *when* work is done, never *what*
 # is computed.
 #
-# ## Exercise: who is preempted, and when?
+# ## Exercise 5: who is preempted, and when?
 #
 # A cache of only **6 pages of 4 tokens**. Three requests are admitted together in the
 # order A, B, C, with prompts of **6, 3 and 6** tokens, and each asks for 8 tokens. Step 1
@@ -199,23 +200,27 @@ for mode, (_, o) in runs.items():               # ... and nobody's answer change
 # step 1, then find the step at which a sequence's new token starts a page, and whether a
 # free page is left for it.) Set `victim` and `at_step`.
 
-# %%
-# Your answer: after step 1, A holds 2 pages, B 1, C 2: one is free. B's token at
-# position 4 (step 3) takes it. A's at position 8 (step 4) finds none, and the scheduler
-# preempts the newest running request, which is not A:
-victim, at_step = "C", 4
+# %% exercise 5
+victim = None       # "A", "B" or "C"
+at_step = None      # the step (1, 2, ...) in which it is preempted
 
-# %%
-# Check
+# %% check 5
 ex = pnp.Engine(model, num_pages=6, page_size=4, max_num_seqs=8, backend=BACKEND)
+ex_rng = np.random.default_rng(5)         # its own: running this cell again changes nothing
 for rid, length in (("A", 6), ("B", 3), ("C", 6)):
-    ex.add_request(rng.integers(0, 256, length).tolist(),
+    ex.add_request(ex_rng.integers(0, 256, length).tolist(),
                    pnp.SamplingParams(max_tokens=8, temperature=0.0), request_id=rid)
 while ex.metrics["preemptions"] == 0:
     ex.step()
 first = ex.scheduler.waiting[0].parent.request_id           # the victim waits at the front
-assert (first, ex.metrics["steps"]) == (victim, at_step), (first, ex.metrics["steps"])
-print(f"right: {victim} is preempted at step {at_step}, although A asked for the page")
+check("5", dict(victim=victim, at_step=at_step),
+      dict(victim=first, at_step=ex.metrics["steps"]),
+      hints=dict(victim="the scheduler frees room by preempting the newest running "
+                        "request, whoever asked for the page.",
+                 at_step="pages after step 1: A 2, B 1, C 2, one free. In which step does "
+                         "a token at position 4 or 8 need a fresh page, and is one left?"),
+      done=f"{first} is preempted at step {ex.metrics['steps']}, although A asked for the "
+           "page.")
 
 # %% [markdown]
 # ## Parallel sampling: n answers, one prompt's pages

@@ -24,6 +24,7 @@ import paged_np as pnp
 from paged_np import viz
 from paged_np.cli import bench
 from paged_np.attention.reference import dense_attention
+from _exercise import check              # notebooks/_exercise.py: checks your answers
 
 # %% [markdown]
 # ## One decode step, three backends
@@ -165,22 +166,27 @@ ax.set_xlabel("page size (tokens)"); ax.set_ylabel("GB/s of K/V");
 # Larger pages read faster, up to a point; vLLM's default of 16 trades a little speed
 # for little waste and fine-grained sharing (a prefix is shared in whole pages only).
 #
-# ## Exercise: intensity of float16 and of MQA
+# ## Exercise 6: intensity of float16 and of MQA
 #
 # Using the formula above, compute the arithmetic intensity (FLOP per byte of K/V) of
 # decode for (a) `float16` pages with the bench's shapes (32 query heads, 8 kv heads), and
 # (b) `float32` pages with multi-query attention (32 query heads, 1 kv head). The check
 # counts FLOPs and bytes of a real case.
 
-# %%
-intensity_fp16 = bench.H / (2 * bench.HKV) * 4 / 2         # half the bytes per value
-intensity_mqa = 32 / (2 * 1)
+# %% exercise 6
+intensity_fp16 = None     # FLOP per byte: float16 pages, 32 query heads, 8 kv heads
+intensity_mqa = None      # FLOP per byte: float32 pages, 32 query heads, 1 kv head
 
-# %%
-# Check: count the bytes of real float16 pages, and of float32 pages with 1 kv head
+# %% check 6
+# count the FLOPs of a real decode case, and the bytes of its float16 pages and of
+# float32 pages with one kv head
 q16, k16, v16, *_ = bench.make_decode_case(64, np.float16)
 f16 = 4 * q16.shape[0] * q16.shape[1] * 64 * q16.shape[2]
-assert np.isclose(intensity_fp16, f16 / (k16.nbytes + v16.nbytes))
-k_mqa = np.zeros((q16.shape[0] * 4, 1, 16, 128), np.float32)    # B * 4 pages of 16 = 64 tokens
-assert np.isclose(intensity_mqa, f16 / (2 * k_mqa.nbytes))
-print("float16:", intensity_fp16, "FLOP/byte;  MQA:", intensity_mqa, "FLOP/byte")
+k_mqa = np.zeros((q16.shape[0] * 4, 1, 16, 128), np.float32)  # B * 4 pages of 16 = 64 tokens
+check("6", dict(intensity_fp16=intensity_fp16, intensity_mqa=intensity_mqa),
+      dict(intensity_fp16=f16 / (k16.nbytes + v16.nbytes),
+           intensity_mqa=f16 / (2 * k_mqa.nbytes)),
+      hints=dict(intensity_fp16="same FLOPs, but each K/V value is 2 bytes instead of 4.",
+                 intensity_mqa="every query head now reads the one kv head: the FLOPs "
+                               "stay, the bytes shrink by the group size."),
+      done="Still far below a GPU's ridge point: decode stays memory-bound.")

@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt
 import paged_np as pnp
 from paged_np import viz
 from paged_np.attention import numba_cuda as nc
+from _exercise import check              # notebooks/_exercise.py: checks your answers
 
 rng = np.random.default_rng(0)
 print("simulator:", nc.SIMULATOR)
@@ -127,20 +128,22 @@ for splits in (1, 3):
 # (decode bandwidth against the device's own copy bandwidth); the simulator gives no
 # meaningful times.
 #
-# ## Exercise: how many thread blocks?
+# ## Exercise 7: how many thread blocks?
 #
 # A decode batch of 5 sequences (one query each) on a model with 32 query heads and 8 kv
 # heads. How many row tiles (`p.num_work`) does the plan list, and how many thread blocks
 # does the attention kernel launch with `num_splits = 4`?
 
-# %%
-rows_per_seq = 1 * (32 // 8)                               # one query x 4 heads of a group
-num_work = 5 * -(-rows_per_seq // nc.K.ROWS)               # ceil: one tile per sequence
-blocks = num_work * 8 * 4                                   # x kv heads x splits
+# %% exercise 7
+num_work = None     # row tiles in the plan
+blocks = None       # thread blocks the attention kernel launches
 
-# %%
-# Check against the planner
+# %% check 7
 p5 = nc.plan(np.full(5, 64, np.int32), np.arange(6, dtype=np.int32), 32, 8, num_splits=4)
-assert p5.num_work == num_work, p5.num_work
-assert p5.num_work * 8 * p5.num_splits == blocks
-print("right:", num_work, "row tiles,", blocks, "thread blocks")
+check("7", dict(num_work=num_work, blocks=blocks),
+      dict(num_work=p5.num_work, blocks=p5.num_work * 8 * p5.num_splits),
+      hints=dict(num_work=f"a sequence has n_q x group rows, cut in tiles of ROWS = "
+                          f"{nc.K.ROWS}: round up, per sequence.",
+                 blocks="the grid is (row tiles, num_kv_heads, num_splits)."),
+      done=f"Without split-K, {p5.num_work * 8} blocks: fewer than an A100 has "
+           "multiprocessors (108), which is why split-K exists.")
