@@ -78,18 +78,18 @@ assert per_page == 2 * cfg.num_layers * cfg.num_kv_heads * P * cfg.head_dim * 4
 # ## Exercise 8a: how many chats fit?
 #
 # With `kv_cache_memory="64MiB"` and `page_size=16`, how many pages does the arena get
-# (`num_pages`), and how many chats of 1000 tokens each can it hold at once
+# (`arena_pages`), and how many chats of 1000 tokens each can it hold at once
 # (`chats`)? Each chat needs whole pages. Compute them from `per_page`.
 
 # %% exercise 8a
-num_pages = None    # pages in a 64 MiB arena
+arena_pages = None  # pages in a 64 MiB arena
 chats = None        # 1000-token chats that fit at once
 
 # %% check 8a
 _n = make_llm(kv_cache_memory="64MiB", page_size=16).engine.cache.cfg.num_pages
-check("8a", dict(num_pages=num_pages, chats=chats),
-      dict(num_pages=_n, chats=_n // -(-1000 // 16)),
-      hints=dict(num_pages="64 MiB is 64 * 2**20 bytes; a part page is no page: "
+check("8a", dict(arena_pages=arena_pages, chats=chats),
+      dict(arena_pages=_n, chats=_n // -(-1000 // 16)),
+      hints=dict(arena_pages="64 MiB is 64 * 2**20 bytes; a part page is no page: "
                            "round down.",
                  chats="a chat of 1000 tokens needs ceil(1000 / 16) pages."),
       done="A contiguous cache would reserve max_model_len (8192 tokens) per chat: "
@@ -402,10 +402,16 @@ def drift(right, wrong):
     return worst
 
 
-right = serve(64)
-runs = {"1 per-page softmax": serve(64, kernel=blog_attention(1)),
-        "2 slice by n_q": serve(64, kernel=blog_attention(2)),
-        "3 LRU evicts live pages": serve(8, pool=blog_pool)}
+right = serve(64)                    # the package's kernel and pool: the reference
+runs = {"1 per-page softmax": serve(64, kernel=blog_attention(1))}
+
+# %%
+runs["2 slice by n_q"] = serve(64, kernel=blog_attention(2))
+
+# %%
+runs["3 LRU evicts live pages"] = serve(8, pool=blog_pool)  # section 4's tight arena
+
+# %%
 moved = {name: drift(right, r) for name, r in runs.items()}
 for i, q in enumerate(QUESTIONS):
     print(f"{q}\n  {'right':>24}: {right[0][i].outputs[0].text!r}")

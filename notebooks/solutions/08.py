@@ -5,5 +5,5 @@ exercise first.
 """
 
 # %% exercise 8a
-num_pages = 64 * 2**20 // per_page          # whole pages only: round down
-chats = num_pages // -(-1000 // 16)         # each chat takes ceil(1000 / 16) = 63 pages
+arena_pages = 64 * 2**20 // per_page          # whole pages only: round down
+chats = arena_pages // -(-1000 // 16)         # each chat takes ceil(1000 / 16) = 63 pages
