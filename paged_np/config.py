@@ -36,7 +36,18 @@ BOUNDSCHECK = os.environ.get("PAGED_NP_BOUNDSCHECK", "0") not in ("", "0")
 JIT_OPTIONS = dict(cache=not BOUNDSCHECK, fastmath=True, nogil=True, boundscheck=BOUNDSCHECK)
 
 EVICTION_POLICIES = ("lru", "fifo", "lfu")
+PREFIX_CACHES = ("hash", "radix")
 KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+
+
+def _check_prefix_cache(prefix_cache, eviction_policy, owner: str) -> None:
+    if not isinstance(prefix_cache, str) or prefix_cache not in PREFIX_CACHES:
+        raise InvalidArgument(
+            f"{owner}.prefix_cache must be one of {PREFIX_CACHES}, got {prefix_cache!r}")
+    if prefix_cache == "radix" and eviction_policy != "lru":
+        raise InvalidArgument(
+            f"{owner}.eviction_policy={eviction_policy!r} is for the hash chain: "
+            "prefix_cache='radix' always evicts least recently used leaves (use 'lru')")
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,9 @@ class CacheConfig:
     head_dim: int = 64
     dtype: object = np.float32
     eviction_policy: object = "lru"
+    #: How cached prefixes are found: "hash" (vLLM's page-hash chain) or
+    #: "radix" (SGLang's radix tree, see :mod:`paged_np.cache.radix`).
+    prefix_cache: str = "hash"
 
     def __post_init__(self):
         for name in ("num_pages", "page_size", "num_layers", "num_kv_heads", "head_dim"):
@@ -84,6 +98,7 @@ class CacheConfig:
                 f"CacheConfig.eviction_policy must be one of {EVICTION_POLICIES} or an "
                 f"EvictionPolicy subclass, got {policy!r}"
             )
+        _check_prefix_cache(self.prefix_cache, self.eviction_policy, "CacheConfig")
 
     @property
     def arena_shape(self) -> tuple:

@@ -258,5 +258,33 @@ check("3", {"next_victim": next_victim}, {"next_victim": trial.pool.eviction_ord
       done=f"The line is now {trial.pool.eviction_order()}.")
 
 # %% [markdown]
+# ## The same prefixes as a radix tree
+#
+# SGLang finds cached prefixes with a **radix tree** instead of a hash chain: edges carry
+# runs of tokens, a node holds the pages of its edge, a live sequence *locks* its path
+# (`lock_ref`), and eviction takes the least recently used unlocked **leaf** first, since
+# an inner node's KV is useless without its parent's. `CacheConfig(prefix_cache="radix")`
+# puts the tree behind the same `PagedKVCache` methods. Serve the same prompts through
+# both: they reuse the same tokens. The drawing is made from the tree's state; gold nodes
+# are CACHED (nothing locks them), the red outline is the next leaf to go.
+
+# %%
+from paged_np.viz.radix import draw_radix_tree
+
+caches = {pc: pnp.PagedKVCache(pnp.CacheConfig(num_pages=24, page_size=4, head_dim=8,
+                                               prefix_cache=pc)) for pc in ("hash", "radix")}
+hits = {pc: [serve(c, f"q{i}", systems[i % 2] + [50 + i, 51, 52, 53, 54])
+             for i in range(4)] for pc, c in caches.items()}
+print(hits)
+draw_radix_tree(caches["radix"], title="two system prompts, two questions each");
+assert hits["hash"] == hits["radix"] == [0, 0, 12, 12]
+
+# %% [markdown]
+# Where the tree differs is not in what it finds but in how it is usually run: token by
+# token (`page_size=1`) and with the scheduler admitting the requests with the longest
+# cached prefix first. `python -m paged_np simulate --prefix-cache` measures both; the
+# docs page *Prefix caching and the LRU list* has the numbers.
+
+# %% [markdown]
 # **Next:** notebook 4 shares pages between *live* sequences (parallel sampling, beam
 # search) and copies a page only when one of them writes into it.

@@ -15,6 +15,13 @@ Compared with vLLM: one ``PagedKVCache`` plays the parts of ``KVCacheManager``
 (+ ``BlockPool``) and the attention backend's ``reshape_and_cache``. There is
 no scheduler here (see :mod:`paged_np.engine.engine`), no GPU/CPU split and no
 multi-group (hybrid) cache.
+
+``CacheConfig(prefix_cache="radix")`` swaps the hash chain for SGLang's radix
+tree (:mod:`.radix`) behind the same methods: ``add_sequence`` matches and
+locks a path, ``append_tokens`` inserts full pages below it, ``fork`` shares
+the lock, ``free`` releases it. One difference: pages a sliding window
+releases (``release_pages_before``) stay in the tree, pinned under the live
+sequence's path, until the sequence ends.
 """
 
 from __future__ import annotations
@@ -39,7 +46,8 @@ from .page_pool import PagePool
 from .sequence import Sequence, hash_page
 
 #: One entry of ``cache.events``: ``kind`` is one of allocate, evict, hit, cache,
-#: free, cow, fork, hash.
+#: free, cow, fork, hash (a page joined the hash index), insert (a page joined
+#: the radix tree).
 Event = namedtuple("Event", "step kind page_id seq_id")
 
 
@@ -110,7 +118,9 @@ class PagedKVCache:
             self._arena = DeviceArena(cfg)
         else:
             self._arena = Arena(cfg)
-        self.pool = PagePool(cfg.num_pages, cfg.page_size, cfg.eviction_policy)
+        self.pool = PagePool(cfg.num_pages, cfg.page_size, cfg.eviction_policy,
+                             cfg.prefix_cache)
+        self.tree = self.pool.tree  # the radix tree, or None with the hash chain
         self.pool.listener = self._on_pool_event
         self._seqs: dict[object, Sequence] = {}
         self.events: list[Event] = []
@@ -148,6 +158,8 @@ class PagedKVCache:
         key = as_extra_key(extra_key)
         seq = Sequence(seq_id, key)
         ps = self.page_size
+        if self.tree is not None:
+            return self._add_sequence_radix(seq, prompt)
         hits = []
         parent = seq.last_hash()
         for i in range((len(prompt) - 1) // ps):  # full pages below the len - 1 cap
@@ -170,6 +182,57 @@ class PagedKVCache:
         self._hits += n_hit
         self._queries += len(prompt)
         return n_hit
+
+    def _add_sequence_radix(self, seq: Sequence, prompt: list) -> int:
+        ps = self.page_size
+        cap = (len(prompt) - 1) // ps * ps          # keep the last prompt token to compute
+        pages, node = self.tree.match_prefix(prompt[:cap], seq.extra_key)
+        self._actor = seq.seq_id
+        self.tree.inc_lock_ref(node)                 # pinned while this sequence lives
+        for p in pages:
+            self.pool.acquire(p)
+        seq.block_table.extend(pages)
+        seq.radix_node, seq.radix_pages = node, len(pages)
+        n_hit = len(pages) * ps
+        seq.token_ids = prompt[:n_hit]
+        self._seqs[seq.seq_id] = seq
+        self._hits += n_hit
+        self._queries += len(prompt)
+        return n_hit
+
+    def num_cached_prefix_tokens(self, prompt, extra_key=None, page_hashes=None) -> int:
+        """Prompt tokens :meth:`add_sequence` would reuse now, changing nothing.
+
+        For a scheduler that ranks waiting requests by cached prefix. With the
+        hash chain, pass ``page_hashes`` from :meth:`prompt_page_hashes` to skip
+        re-hashing a prompt that is asked about every step (vLLM keeps them
+        on its ``Request`` for the same reason).
+        """
+        prompt = as_token_ids(prompt, "prompt")
+        key = as_extra_key(extra_key)
+        ps = self.page_size
+        cap = (len(prompt) - 1) // ps * ps
+        if self.tree is not None:
+            return self.tree.prefix_length(prompt[:cap], key)
+        if page_hashes is None:
+            page_hashes = self.prompt_page_hashes(prompt, key)
+        n = 0
+        for h in page_hashes[:cap // ps]:
+            if self.pool.lookup(h, prompt[n:n + ps]) is None:
+                break
+            n += ps
+        return n
+
+    def prompt_page_hashes(self, prompt, extra_key=None) -> list:
+        """The hash chain of a prompt's full pages (below the ``len - 1`` cap)."""
+        prompt = as_token_ids(prompt, "prompt")
+        key = as_extra_key(extra_key)
+        ps = self.page_size
+        out, parent = [], Sequence(None).last_hash()
+        for i in range((len(prompt) - 1) // ps):
+            parent = hash_page(parent, prompt[i * ps:(i + 1) * ps], key)
+            out.append(parent)
+        return out
 
     def allocate_slots(self, seq_id, n: int) -> np.ndarray:
         """Slots (int64 [n]) for positions ``[num_computed_tokens, num_computed_tokens + n)``.
@@ -235,12 +298,32 @@ class PagedKVCache:
         seq.token_ids.extend(ids)
         seq.num_pending -= len(ids)
         ps = self.page_size
+        if self.tree is not None:
+            self._insert_full_pages(seq)
+            return
         for i in range(len(seq.page_hashes), seq.num_computed_tokens // ps):  # newly full pages
             page_tokens = seq.token_ids[i * ps:(i + 1) * ps]
             h = hash_page(seq.last_hash(), page_tokens, seq.extra_key)
             seq.page_hashes.append(h)
             if self.pool.register(seq.block_table[i], h, page_tokens):
                 self._log("hash", seq.block_table[i])
+
+    def _insert_full_pages(self, seq: Sequence) -> None:
+        """Radix: put newly full pages in the tree below the sequence's node; move its lock."""
+        ps = self.page_size
+        full = seq.num_computed_tokens // ps
+        if full == seq.radix_pages:
+            return
+        key = seq.token_ids[seq.radix_pages * ps:full * ps]
+        value = seq.block_table[seq.radix_pages:full]
+        old = seq.radix_node
+        node, added = self.tree.insert(key, value, old, seq.extra_key)
+        if node is not old:
+            self.tree.inc_lock_ref(node)             # lock the longer path before
+            self.tree.dec_lock_ref(old)              # letting go of its prefix
+        seq.radix_node, seq.radix_pages = node, full
+        for p in added:
+            self._log("insert", p)
 
     def fork(self, parent_id, child_id) -> None:
         """The child shares the parent's pages and tokens; writes copy on demand."""
@@ -255,6 +338,8 @@ class PagedKVCache:
         for p in child.block_table[_num_released(child.block_table):]:
             self.pool.share(p)
             self._log("fork", p, child_id)
+        if self.tree is not None:
+            self.tree.inc_lock_ref(child.radix_node)  # the child uses the parent's path
         self._seqs[child_id] = child
 
     def free(self, seq_id) -> None:
@@ -268,6 +353,8 @@ class PagedKVCache:
         self._actor = seq_id
         for p in reversed(seq.block_table[_num_released(seq.block_table):]):
             self.pool.free(p)
+        if self.tree is not None:
+            self.tree.dec_lock_ref(seq.radix_node)   # its path may now be evicted, leaves first
         del self._seqs[seq_id]
 
     def release_pages_before(self, seq_id, num_tokens: int) -> int:
@@ -333,7 +420,7 @@ class PagedKVCache:
 
     def stats(self) -> dict:
         pool = self.pool
-        return {
+        out = {
             "num_pages": self.cfg.num_pages,
             "num_free": pool.num_free,
             "num_cached": pool.num_cached,
@@ -345,7 +432,13 @@ class PagedKVCache:
             "evictions": pool.num_evictions,
             "cow_copies": self._cow_copies,
             "usage": pool.num_in_use / self.cfg.num_pages,
+            "prefix_cache": self.cfg.prefix_cache,
         }
+        if self.tree is not None:
+            out["radix_nodes"] = self.tree.num_nodes
+            out["radix_depth"] = self.tree.depth
+            out["radix_locked_nodes"] = self.tree.num_locked_nodes
+        return out
 
     def tick(self) -> int:
         """Advance the event clock by one step (the engine ticks once per step)."""
@@ -366,8 +459,9 @@ class PagedKVCache:
             assert len(s.block_table) <= -(-s.seq_len // ps) or s.seq_len == 0, (
                 f"sequence {sid!r} holds pages beyond its tokens"
             )
-            assert len(s.page_hashes) == s.num_computed_tokens // ps, (
-                f"sequence {sid!r}: hash chain length")
+            if self.tree is None:
+                assert len(s.page_hashes) == s.num_computed_tokens // ps, (
+                    f"sequence {sid!r}: hash chain length")
             released = _num_released(s.block_table)
             assert all(p >= 0 for p in s.block_table[released:]), (
                 f"sequence {sid!r}: a released (-1) page after a held one"
@@ -376,6 +470,8 @@ class PagedKVCache:
                 if i < released:
                     continue
                 holders[p] += 1
+                if self.tree is not None:
+                    continue
                 h = self.pool.page_hash(p)
                 if h is not None:
                     assert i < len(s.page_hashes) and h == s.page_hashes[i], (
@@ -386,6 +482,33 @@ class PagedKVCache:
                 f"ref_count of page {p} is {self.pool.ref_count(p)} but {holders[p]} "
                 "block tables hold it"
             )
+        if self.tree is not None:
+            self._check_radix()
+
+    def _check_radix(self) -> None:
+        """Every sequence's path spells its full pages, holds its tree pages, and is locked."""
+        ps = self.page_size
+        tree = self.tree
+        locks: dict[int, int] = {}
+        for sid, s in self._seqs.items():
+            path = tree.path(s.radix_node)
+            top = path[0].parent if path else s.radix_node
+            assert top is tree.root(s.extra_key), f"sequence {sid!r}: its node left the tree"
+            assert s.radix_pages == s.num_computed_tokens // ps, (
+                f"sequence {sid!r}: full pages not inserted")
+            assert list(tree.tokens_to(s.radix_node)) == s.token_ids[:s.radix_pages * ps], (
+                f"sequence {sid!r}: its tree path spells other tokens")
+            path_pages = [p for n in path for p in n.value]
+            for i, p in enumerate(s.block_table):
+                if p >= 0 and tree.holds(p):
+                    assert i < len(path_pages) and path_pages[i] == p, (
+                        f"sequence {sid!r}: holds tree page {p} off its own path")
+            for n in path:
+                locks[n.id] = locks.get(n.id, 0) + 1
+        for n in tree.nodes():
+            assert n.lock_ref == locks.get(n.id, 0), (
+                f"node {n.id}: lock_ref {n.lock_ref}, but {locks.get(n.id, 0)} live "
+                "sequences pass through it")
 
     # --------------------------------------------------------------- helpers
     def _slots(self, bt: list, start: int, n: int) -> np.ndarray:

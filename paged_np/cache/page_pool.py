@@ -19,6 +19,12 @@ IN_USE      >= 1                 one or more block tables
 CACHED      0                    the eviction policy, indexed by hash
 ==========  ===================  ====================================
 
+With ``prefix_cache="radix"`` the hash index and the eviction policy are
+replaced by a :class:`~paged_np.cache.radix.RadixCache` (``pool.tree``): a
+page is CACHED when ``ref_count == 0`` and a tree node holds it, and an
+allocation that finds no FREE page takes one from the tree's least recently
+used unlocked leaf. The ref counts and the free list stay here either way.
+
 Every operation is O(1) (O(log n) under the heap-based FIFO/LFU policies):
 no ``list.remove``, no scan over all pages. ``benchmarks/pool_ops.py`` checks
 that the cost per operation stays flat from 1K to 1M pages.
@@ -29,8 +35,9 @@ from __future__ import annotations
 from typing import Callable
 
 from ..checks import check_int, check_positive_int
-from ..errors import DTypeError, OutOfPages, StalePage
+from ..errors import DTypeError, InvalidArgument, OutOfPages, StalePage
 from .eviction import make_policy
+from .radix import RadixCache
 
 FREE, IN_USE, CACHED = "free", "in_use", "cached"
 
@@ -46,7 +53,9 @@ class PagePool:
         Token slots per page (the pool only reports it; it never looks inside).
     eviction_policy : {"lru", "fifo", "lfu"}, an EvictionPolicy subclass or an empty instance
         Which CACHED page an allocation evicts when no page is FREE (see
-        :mod:`paged_np.cache.eviction` to write your own).
+        :mod:`paged_np.cache.eviction` to write your own). Hash chain only.
+    prefix_cache : {"hash", "radix"}
+        Index cached pages by a hash chain (vLLM) or a radix tree (SGLang).
 
     Example
     -------
@@ -57,10 +66,18 @@ class PagePool:
     4
     """
 
-    def __init__(self, num_pages: int, page_size: int, eviction_policy="lru"):
+    def __init__(self, num_pages: int, page_size: int, eviction_policy="lru",
+                 prefix_cache: str = "hash"):
+        from ..config import _check_prefix_cache
+
         self.num_pages = check_positive_int("PagePool.num_pages", num_pages)
         self.page_size = check_positive_int("PagePool.page_size", page_size)
+        _check_prefix_cache(prefix_cache, eviction_policy, "PagePool")
         self.policy = make_policy(eviction_policy)
+        self.prefix_cache = prefix_cache
+        #: The radix tree indexing CACHED pages when prefix_cache == "radix", else None.
+        self.tree = RadixCache(self.page_size) if prefix_cache == "radix" else None
+        self._num_tree_cached = 0  # radix: pages with ref_count 0 that the tree holds
         self._ref = [0] * self.num_pages  # ref_count per page
         # Stack of FREE pages; popping from the end hands out page 0 first.
         self._free = list(range(self.num_pages - 1, -1, -1))
@@ -82,15 +99,21 @@ class PagePool:
 
     @property
     def num_cached(self) -> int:
-        return len(self.policy)
+        return self._num_tree_cached if self.tree is not None else len(self.policy)
 
     @property
     def num_in_use(self) -> int:
-        return self.num_pages - len(self._free) - len(self.policy)
+        return self.num_pages - len(self._free) - self.num_cached
 
     @property
     def num_available(self) -> int:
-        """Pages an allocation can get now: FREE ones, then CACHED ones by eviction."""
+        """Pages an allocation can get now: FREE ones, then CACHED ones by eviction.
+
+        With the radix tree, a CACHED page in a locked node (a sliding window
+        released it under a live sequence's path) cannot be evicted yet.
+        """
+        if self.tree is not None:
+            return len(self._free) + self.tree.evictable_pages
         return len(self._free) + len(self.policy)
 
     def ref_count(self, page_id: int) -> int:
@@ -101,6 +124,8 @@ class PagePool:
         p = self._check_id(page_id)
         if self._ref[p] > 0:
             return IN_USE
+        if self.tree is not None:
+            return CACHED if self.tree.holds(p) else FREE
         return CACHED if p in self.policy else FREE
 
     def page_hash(self, page_id: int) -> bytes | None:
@@ -119,7 +144,9 @@ class PagePool:
         return p
 
     def eviction_order(self) -> list[int]:
-        """CACHED pages, next victim first (O(n), for drawings and tests)."""
+        """Evictable CACHED pages, next victim first (O(n), for drawings and tests)."""
+        if self.tree is not None:
+            return self.tree.eviction_order()
         return self.policy.order()
 
     # ---------------------------------------------------------------- mutations
@@ -130,7 +157,12 @@ class PagePool:
         """
         if self._free:
             p = self._free.pop()
-        elif len(self.policy):
+        elif self.tree is not None and self.tree.evictable_pages:
+            (p,) = self.tree.evict(1)  # the end of the least recently used unlocked leaf
+            self._num_tree_cached -= 1
+            self.num_evictions += 1
+            self._emit("evict", p)
+        elif self.tree is None and len(self.policy):
             p = self.policy.pop_victim()  # only ref_count == 0 pages live there
             self._drop_hash(p)
             self.num_evictions += 1
@@ -160,7 +192,10 @@ class PagePool:
             raise StalePage(f"page_id {p} is not in use (freed twice?)")
         self._ref[p] -= 1
         if self._ref[p] == 0:
-            if self._hash[p] is not None:
+            if self.tree is not None and self.tree.holds(p):
+                self._num_tree_cached += 1  # the tree decides when it goes
+                self._emit("cache", p)
+            elif self._hash[p] is not None:
                 self.policy.add(p)  # the young end of the eviction order
                 self._emit("cache", p)
             else:
@@ -180,6 +215,14 @@ class PagePool:
         A CACHED page leaves the eviction policy (it is IN_USE again).
         """
         p = self._check_id(page_id)
+        if self.tree is not None:
+            if not self.tree.holds(p):
+                raise StalePage(f"page_id {p} is not in the radix tree: there is nothing to hit")
+            if self._ref[p] == 0:
+                self._num_tree_cached -= 1
+            self._ref[p] += 1
+            self._emit("hit", p)
+            return
         if self._hash[p] is None:
             raise StalePage(f"page_id {p} is not indexed: there is nothing to hit")
         if self._ref[p] == 0:
@@ -195,6 +238,8 @@ class PagePool:
         this hash: the duplicate stays out of the index and goes FREE later.
         """
         p = self._check_id(page_id)
+        if self.tree is not None:
+            raise InvalidArgument("register is the hash chain's; the radix tree indexes by insert")
         if self._ref[p] == 0:
             raise StalePage(f"page_id {p} is not in use: only held pages are registered")
         if not isinstance(page_hash, bytes):
@@ -209,9 +254,12 @@ class PagePool:
     def touch(self, page_id: int) -> None:
         """Mark a CACHED page as just used: it moves to the far end of the eviction order."""
         p = self._check_id(page_id)
-        if p not in self.policy:
+        if self.state(p) != CACHED:
             raise StalePage(f"page_id {p} is not cached: only cached pages can be touched")
-        self.policy.touch(p)
+        if self.tree is not None:
+            self.tree.touch(self.tree.node_of(p))  # the whole path counts as used
+        else:
+            self.policy.touch(p)
 
     # ------------------------------------------------------------------ helpers
     def _drop_hash(self, p: int) -> None:
@@ -232,6 +280,9 @@ class PagePool:
         n = self.num_pages
         free = set(self._free)
         assert len(free) == len(self._free), "free list holds a page twice"
+        if self.tree is not None:
+            self._check_radix(free)
+            return
         cached = set(self.policy.order())
         assert len(cached) == len(self.policy), "eviction policy holds a page twice"
         assert not (free & cached), "a page is both FREE and CACHED"
@@ -248,3 +299,21 @@ class PagePool:
         assert sum(h is not None for h in self._hash) == len(self._index), (
             "a page has a hash but is not in the index"
         )
+
+    def _check_radix(self, free: set) -> None:
+        tree = self.tree
+        tree.check_invariants()
+        held = set(tree._page_node)
+        assert not (free & held), "a FREE page is still in the radix tree"
+        cached = {p for p in held if self._ref[p] == 0}
+        assert len(cached) == self._num_tree_cached, (
+            f"num_cached is {self._num_tree_cached}, the tree holds {len(cached)} idle pages")
+        in_use = {p for p in range(self.num_pages) if self._ref[p] > 0}
+        assert not (in_use & free), "a page with ref_count > 0 is FREE"
+        assert len(free) + len(cached) + len(in_use) == self.num_pages, (
+            "page conservation: pages lost")
+        for node in tree.nodes():
+            if node.lock_ref == 0:
+                assert all(self._ref[p] == 0 for p in node.value), (
+                    f"unlocked node {node.id} holds a page in use: eviction could take it")
+        assert all(h is None for h in self._hash), "radix pool: a page has a hash"

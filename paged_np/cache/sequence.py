@@ -8,7 +8,10 @@ A ``Sequence`` is plain bookkeeping (vLLM's ``Request`` + ``KVCacheBlocks``):
 - ``page_hashes``: the prefix hash of each *full* page, a chain in which every
   hash covers all the tokens before it;
 - ``num_pending``: tokens given slots by ``allocate_slots`` but not yet
-  appended (their KV is being written this step).
+  appended (their KV is being written this step);
+- with ``prefix_cache="radix"`` instead of ``page_hashes``: ``radix_node``,
+  the tree node its full pages reach (the sequence holds a lock on the path
+  from the root to it), and ``radix_pages``, how many full pages that path covers.
 
 The hash chain is what makes prefix caching safe: two pages holding the same
 16 tokens at different places in different prompts have different hashes,
@@ -49,6 +52,8 @@ class Sequence:
     block_table: list = field(default_factory=list)
     page_hashes: list = field(default_factory=list)
     num_pending: int = 0
+    radix_node: object = None
+    radix_pages: int = 0
 
     @property
     def num_computed_tokens(self) -> int:
@@ -66,4 +71,4 @@ class Sequence:
     def copy(self, seq_id) -> Sequence:
         """A fork: same tokens, same pages (the caller takes the references)."""
         return Sequence(seq_id, self.extra_key, list(self.token_ids), list(self.block_table),
-                        list(self.page_hashes), 0)
+                        list(self.page_hashes), 0, self.radix_node, self.radix_pages)

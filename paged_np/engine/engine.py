@@ -44,6 +44,7 @@ from ..errors import DTypeError, InvalidArgument, UnknownSequence
 from ..models.llama import ForwardBatch, TinyLlama
 from .outputs import RequestOutput, SampleOutput
 from .sampling import SamplingParams, make_rng, sample_tokens
+from .schedule_policy import SCHEDULES
 from .scheduler import RUNNING, Request, Scheduler
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -77,12 +78,18 @@ class Engine:
     backend : paged attention backend, "numba", "numpy" or "auto".
     swap_pages : pages of host swap space (swap mode); default ``num_pages``.
     record_events : keep ``cache.events`` (for drawings; off for long runs).
+    schedule : "fcfs" (default) or "lpm": the order waiting requests are admitted in,
+        arrival or longest cached prefix first (see :mod:`paged_np.engine.schedule_policy`).
+    prefix_cache : "hash" (default, vLLM's page-hash chain) or "radix" (SGLang's
+        radix tree). The radix tree cannot free a prefix under a live sequence,
+        so it is refused for models with a sliding window.
     """
 
     def __init__(self, model, num_pages: int, page_size: int = 16, max_num_seqs: int = 8,
                  max_num_batched_tokens: int = 256, preemption_mode: str = "recompute",
                  eviction_policy: str = "lru", backend: str = "auto",
-                 swap_pages: int | None = None, record_events: bool = False):
+                 swap_pages: int | None = None, record_events: bool = False,
+                 prefix_cache: str = "hash", schedule: str = "fcfs"):
         if not isinstance(model, TinyLlama):
             raise DTypeError(f"Engine: model must be a TinyLlama, got {type(model).__name__}")
         num_pages = check_positive_int("Engine: num_pages", num_pages)
@@ -98,16 +105,24 @@ class Engine:
                 f"Engine: backend must be one of {ENGINE_BACKENDS}, got {backend!r}")
         swap_pages = (num_pages if swap_pages is None
                       else check_int("Engine: swap_pages", swap_pages, 0))
+        if schedule not in SCHEDULES:
+            raise InvalidArgument(f"Engine: schedule must be one of {SCHEDULES}, got {schedule!r}")
         mcfg = model.cfg
+        if prefix_cache == "radix" and mcfg.sliding_window is not None:
+            raise InvalidArgument(
+                "Engine: prefix_cache='radix' with a sliding-window model is not supported: "
+                "pages the window releases would stay pinned under the live path; use 'hash'")
         self.model = model
         self.backend = backend
         self.cache = PagedKVCache(
             CacheConfig(num_pages=num_pages, page_size=page_size, num_layers=mcfg.num_layers,
                         num_kv_heads=mcfg.num_kv_heads, head_dim=mcfg.head_dim,
-                        dtype=np.float32, eviction_policy=eviction_policy),
+                        dtype=np.float32, eviction_policy=eviction_policy,
+                        prefix_cache=prefix_cache),
             record_events=record_events)
         self.scheduler = Scheduler(self.cache, self.max_num_seqs, self.max_num_batched_tokens,
-                                   preemption_mode, swap_pages, mcfg.sliding_window)
+                                   preemption_mode, swap_pages, mcfg.sliding_window,
+                                   schedule)
         self._requests: dict = {}                      # unfinished, by request id
         self._done: list[RequestOutput] = []           # finished outside a step (errors)
         self._seq_ids = itertools.count()
@@ -145,7 +160,7 @@ class Engine:
                   make_rng(params.seed, index, 0), pending_fork=params.n - 1)
         parent.reqs.append(req)
         self._requests[request_id] = parent
-        self.scheduler.waiting.append(req)
+        self.scheduler.add(req)
         return request_id
 
     def _check_request(self, prompt, params):

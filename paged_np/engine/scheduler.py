@@ -14,8 +14,11 @@ Each step:
    pool runs out of pages, the *most recently admitted* running sequence is
    preempted (vLLM's rule: it has the least work to lose), possibly the one
    asking; then the allocation is retried.
-2. **Waiting sequences** are admitted in order while seats, tokens and pages
-   allow, but not in a step that had to preempt (that would just thrash).
+2. **Waiting sequences** are admitted while seats, tokens and pages allow,
+   but not in a step that had to preempt (that would just thrash). The order
+   is the ``schedule``'s (:mod:`.schedule_policy`): ``"fcfs"``, arrival
+   order (preempted sequences go back to the front), or ``"lpm"``, the
+   longest cached prefix first, with a bound on how long any one waits.
    Admission starts with ``cache.add_sequence``, whose prefix hit says how
    many prompt tokens need no computing at all.
 
@@ -43,6 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import OutOfPages
+from .schedule_policy import MAX_SKIPS, admission_order
 
 WAITING, RUNNING, SWAPPED, FINISHED = "waiting", "running", "swapped", "finished"
 
@@ -69,6 +73,8 @@ class Request:
     pending_fork: int = 0         # siblings still to fork off after the prompt (n - 1)
     num_preemptions: int = 0
     swap_pages: list | None = field(default=None, repr=False)  # host pages while SWAPPED
+    queued_at: int = 0            # the scheduler's admission count when it last joined the queue
+    prompt_hashes: tuple | None = field(default=None, repr=False)  # (tokens, hash chain): lpm
 
     @property
     def num_tokens(self) -> int:
@@ -142,8 +148,11 @@ class Scheduler:
     """Waiting queue, running list, preemption. See the module docstring."""
 
     def __init__(self, cache, max_num_seqs: int, max_num_batched_tokens: int,
-                 preemption_mode: str, swap_pages: int, sliding_window: int | None):
+                 preemption_mode: str, swap_pages: int, sliding_window: int | None,
+                 schedule: str = "fcfs"):
         self.cache = cache
+        self.schedule_policy = schedule
+        self.max_skips = MAX_SKIPS      # lpm: admissions a request may be passed over by
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.preemption_mode = preemption_mode
@@ -155,6 +164,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_swapped_out = 0
         self.num_swapped_in = 0
+        self.num_admissions = 0
 
     # ------------------------------------------------------------------ step
     def schedule(self) -> SchedulerOutput:
@@ -197,11 +207,12 @@ class Scheduler:
             else:                                        # req preempted itself
                 break
 
-        # 2. Waiting sequences, in order, if this step preempted nobody.
+        # 2. Waiting sequences, in the schedule's order, if this step preempted nobody.
         seats = sum(s.seats for s in self.running)
-        while self.waiting and budget > 0 and not preempted:
-            req = self.waiting[0]
-            if seats + req.seats > self.max_num_seqs:
+        queue = list(self.waiting) if self.waiting and budget > 0 and not preempted else []
+        for pos in self._admission_order(queue):
+            req = queue[pos]
+            if budget <= 0 or seats + req.seats > self.max_num_seqs:
                 break
             admitted = self._admit(req, budget)
             if admitted is None:
@@ -211,7 +222,8 @@ class Scheduler:
                     continue
                 break
             n, slots = admitted
-            self.waiting.popleft()
+            self.waiting.remove(req)
+            self.num_admissions += 1
             req.status = RUNNING
             self.running.append(req)
             seats += req.seats
@@ -220,6 +232,34 @@ class Scheduler:
         return out
 
     # ------------------------------------------------------------- admission
+    def add(self, req: Request) -> None:
+        """A new request joins the back of the waiting queue."""
+        req.queued_at = self.num_admissions
+        self.waiting.append(req)
+
+    def _requeue(self, req: Request) -> None:
+        """A preempted request goes back to the front of the queue."""
+        req.queued_at = self.num_admissions
+        self.waiting.appendleft(req)
+
+    def _admission_order(self, queue: list) -> list:
+        """Positions of ``queue`` in the order to try them (see :mod:`.schedule_policy`)."""
+        return admission_order(
+            len(queue), self.schedule_policy,
+            prefix_len=lambda i: self._cached_prefix(queue[i]),
+            skipped=lambda i: self.num_admissions - queue[i].queued_at,
+            max_skips=self.max_skips)
+
+    def _cached_prefix(self, req: Request) -> int:
+        """Tokens of what ``req`` would ask ``add_sequence`` for that are cached now."""
+        known = req.token_ids[:req.num_computed_tokens] if req.status == SWAPPED else req.token_ids
+        if self.cache.tree is not None:
+            return self.cache.num_cached_prefix_tokens(known)
+        if req.prompt_hashes is None or req.prompt_hashes[0] != len(known):
+            # The hash chain of a prompt is fixed: make it once, as vLLM keeps it on its Request.
+            req.prompt_hashes = (len(known), self.cache.prompt_page_hashes(known))
+        return self.cache.num_cached_prefix_tokens(known, page_hashes=req.prompt_hashes[1])
+
     def _admit(self, req: Request, budget: int):
         """Put ``req`` in the cache and give it its first chunk; None (undone) if short."""
         cache = self.cache
@@ -267,7 +307,7 @@ class Scheduler:
         else:                                            # recompute from scratch
             req.num_computed_tokens = 0
             req.status = WAITING
-        self.waiting.appendleft(req)
+        self._requeue(req)
 
     def _recompute_last(self, req: Request) -> None:
         """Requeue a running sequence whose KV is all written but whose next token was
@@ -281,7 +321,7 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.num_preemptions += 1                         # keeps its first prefix-hit count
         req.status = WAITING
-        self.waiting.appendleft(req)
+        self._requeue(req)
 
     def remove(self, req: Request) -> None:
         """Drop a sequence from wherever it is (finished or aborted)."""

@@ -413,7 +413,14 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--plot", metavar="PATH", help="draw the figures (PNG)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="small traces: well under a minute")
+    ap.add_argument("--prefix-cache", action="store_true",
+                    help="instead: hash chain vs radix tree, fcfs vs lpm (see sim/prefix.py)")
+    ap.add_argument("--markdown", metavar="PATH", help="--prefix-cache: write the table here")
     args = ap.parse_args(argv)
+    if args.prefix_cache:
+        from .prefix import main as prefix_main
+
+        return prefix_main(args)
     t0 = time.perf_counter()
     res = run(args.seed, args.quick)
     from .plot import report

@@ -1,0 +1,54 @@
+"""The prefix-cache simulation and the admission order it shares with the engine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from paged_np.engine.schedule_policy import admission_order
+from paged_np.sim import prefix, workloads
+from paged_np.sim.simulate import max_reusable_fraction
+
+
+@pytest.mark.parametrize("prefix_cache", ["hash", "radix"])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_one_at_a_time_with_room_for_everything_reaches_the_optimal_hit_rate(prefix_cache,
+                                                                            page_size):
+    trace = workloads.fewshot_trace(np.random.default_rng(0), num_requests=25, num_tasks=3)
+    pages = sum(-(-r.total_len // page_size) for r in trace)            # never evicts
+    res = prefix.serve(trace, [-1] * len(trace), prefix_cache, "fcfs", pages, page_size,
+                       max_running=1)
+    assert res["preemptions"] == 0
+    assert res["hit_rate"] == pytest.approx(max_reusable_fraction(trace, page_size))
+
+
+def test_branching_children_wait_for_their_parent():
+    trace, parent = prefix.branching_trace(np.random.default_rng(1), num_problems=2, branch=2)
+    assert len(trace) == 2 * (2 + 4)
+    for i, p in enumerate(parent):
+        if p >= 0:
+            r, q = trace[i], trace[p]
+            base = np.concatenate([q.prompt, q.output])
+            np.testing.assert_array_equal(r.prompt[:len(base)], base)
+
+
+@pytest.mark.parametrize("schedule", ["fcfs", "lpm"])
+def test_small_cache_run_keeps_the_cache_consistent(schedule):
+    trace, parent = prefix.branching_trace(np.random.default_rng(2), num_problems=3)
+    for pc in ("hash", "radix"):
+        res = prefix.serve(trace, parent, pc, schedule, num_pages=60, page_size=16)
+        assert 0 < res["hit_rate"] <= max_reusable_fraction(trace, 16) + 1e-12
+        assert res["prefill_tokens"] >= (1 - res["hit_rate"]) * res["prompt_tokens"] - 1e-9
+
+
+def test_admission_order_fcfs_lpm_and_starvation():
+    plen = [0, 30, 10, 30, 5]
+    skipped = [0, 0, 0, 0, 0]
+    assert admission_order(5, "fcfs", plen.__getitem__, skipped.__getitem__) == [0, 1, 2, 3, 4]
+    assert admission_order(5, "lpm", plen.__getitem__, skipped.__getitem__) == [1, 3, 2, 4, 0]
+    skipped = [40, 0, 0, 0, 50]                     # 0 and 4 were passed over too often
+    assert admission_order(5, "lpm", plen.__getitem__, skipped.__getitem__,
+                           max_skips=32) == [0, 4, 1, 3, 2]
+    # Only the head of a long queue is ranked; the rest follow in arrival order.
+    assert admission_order(5, "lpm", plen.__getitem__, ([0] * 5).__getitem__,
+                           window=2) == [1, 0, 2, 3, 4]
