@@ -265,25 +265,55 @@ check("3", {"next_victim": next_victim}, {"next_victim": trial.pool.eviction_ord
 # (`lock_ref`), and eviction takes the least recently used unlocked **leaf** first, since
 # an inner node's KV is useless without its parent's. `CacheConfig(prefix_cache="radix")`
 # puts the tree behind the same `PagedKVCache` methods. Serve the same prompts through
-# both: they reuse the same tokens. The drawing is made from the tree's state; gold nodes
-# are CACHED (nothing locks them), the red outline is the next leaf to go.
+# both: they reuse the same tokens. Left, the hash chain's cached pages in LRU order;
+# right, the tree, drawn from its state: gold nodes are CACHED (nothing locks them), the
+# red outline is the next leaf to go.
 
 # %%
 from paged_np.viz.radix import draw_radix_tree
 
+questions = [systems[i % 2] + [50 + i, 51, 52, 53, 54] for i in range(4)]
 caches = {pc: pnp.PagedKVCache(pnp.CacheConfig(num_pages=24, page_size=4, head_dim=8,
-                                               prefix_cache=pc)) for pc in ("hash", "radix")}
-hits = {pc: [serve(c, f"q{i}", systems[i % 2] + [50 + i, 51, 52, 53, 54])
-             for i in range(4)] for pc, c in caches.items()}
-print(hits)
-draw_radix_tree(caches["radix"], title="two system prompts, two questions each");
+                                               prefix_cache=pc))
+          for pc in ("hash", "radix")}
+hits = {pc: [serve(c, f"q{i}", q) for i, q in enumerate(questions)]
+        for pc, c in caches.items()}
+print("prompt tokens reused, per request:", hits)
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+viz.draw_lru(caches["hash"], ax=axes[0], title="hash chain: cached pages, LRU first")
+draw_radix_tree(caches["radix"], ax=axes[1], title="radix tree: two system prompts, "
+                "two questions each")
 assert hits["hash"] == hits["radix"] == [0, 0, 12, 12]
 
 # %% [markdown]
-# Where the tree differs is not in what it finds but in how it is usually run: token by
-# token (`page_size=1`) and with the scheduler admitting the requests with the longest
-# cached prefix first. `python -m paged_np simulate --prefix-cache` measures both; the
-# docs page *Prefix caching and the LRU list* has the numbers.
+# Both found the same 12 tokens for `q2` and `q3`. Where the tree differs is not in what
+# it finds but in how it is usually run: token by token (`page_size=1`) and with the
+# scheduler admitting the requests with the longest cached prefix first.
+# `python -m paged_np simulate --prefix-cache` measures both; the docs page *Prefix
+# caching and the LRU list* has the numbers.
+#
+# ## Exercise 3b: which leaf goes next?
+#
+# The tree has four leaves, one per question (`q0` to `q3`, served in that order). Now
+# `q0`'s prompt is asked again (served and finished, as above). Which question's leaf
+# does eviction take next? Write `next_leaf` as the request's name (`"q0"` ... `"q3"`).
+# (The check works on a copy of the cache.)
+
+# %% exercise 3b
+next_leaf = None        # "q0", "q1", "q2" or "q3"
+
+# %% check 3b
+tree_cache = copy.deepcopy(caches["radix"])
+serve(tree_cache, "again", questions[0])
+leaf = tree_cache.tree.node_of(tree_cache.tree.eviction_order()[0])
+owner = next(f"q{i}" for i, q in enumerate(questions)
+             if tuple(q[:len(tree_cache.tree.tokens_to(leaf))])
+             == tree_cache.tree.tokens_to(leaf))
+check("3b", {"next_leaf": next_leaf}, {"next_leaf": owner},
+      hints="serving q0 again touches every node on its path, so its leaf is now the "
+            "youngest; of the others, which was used longest ago?",
+      done=f"{owner}'s leaf goes first; its system prompt's node stays, since another "
+           "leaf below it still needs it.")
 
 # %% [markdown]
 # **Next:** notebook 4 shares pages between *live* sequences (parallel sampling, beam
