@@ -53,6 +53,9 @@ has seen nothing yet.
 
 from __future__ import annotations
 
+import functools
+
+import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
@@ -112,9 +115,62 @@ def _fpext_half(typingctx, h):
     return types.float32(types.uint16), codegen
 
 
+_FPEXT_PROBE = """
+define float @widen(i16 %h) {
+  %x = bitcast i16 %h to half
+  %y = fpext half %x to float
+  ret float %y
+}
+"""
+
+
+@functools.cache
+def target_widens_half() -> bool:
+    """Whether the CPU Numba compiles for widens float16 in one instruction (F16C).
+
+    Without F16C (``NUMBA_CPU_NAME=generic``, old CPUs) LLVM lowers ``fpext
+    half`` to a call of ``__extendhfsf2``, a compiler-rt routine Numba's JIT
+    does not link: the process would abort at the first float16 page. So the
+    question is put to LLVM itself, once: compile a one-line widening for the
+    target and look for that call.
+    """
+    from numba.core.registry import cpu_target
+
+    tm = cpu_target.target_context.codegen()._tm  # the target machine Numba compiles for
+    module = llvm.parse_assembly(_FPEXT_PROBE)
+    module.triple = tm.triple
+    return "__extendhfsf2" not in tm.emit_assembly(module)
+
+
+@njit(**JIT_OPTIONS)
+def _half_bits_to_f32(h):
+    """float16 bits to float32 with integer operations: the fallback without F16C."""
+    h = np.uint32(h)
+    sign = (h & np.uint32(0x8000)) << np.uint32(16)
+    exp = (h >> np.uint32(10)) & np.uint32(0x1F)
+    mant = h & np.uint32(0x3FF)
+    if exp == 0:  # zero or subnormal: mant * 2**-24, exact in float32
+        f = np.float32(mant) * np.float32(2.0**-24)
+        return -f if sign else f
+    if exp == 31:  # inf or nan
+        bits = sign | np.uint32(0x7F800000) | (mant << np.uint32(13))
+    else:  # rebias the exponent from 15 to 127
+        bits = sign | ((exp + np.uint32(112)) << np.uint32(23)) | (mant << np.uint32(13))
+    return np.uint32(bits).view(np.float32)
+
+
+def _widen_impl():
+    """The jitted widening of float16 bits the target can run (argument named ``x``)."""
+    if target_widens_half():
+        return lambda x: _fpext_half(x)
+    return lambda x: _half_bits_to_f32(x)
+
+
 @overload(half_to_f32, jit_options=JIT_OPTIONS)
 def _half_to_f32_jit(h):
-    return lambda h: _fpext_half(h)
+    if target_widens_half():
+        return lambda h: _fpext_half(h)
+    return lambda h: _half_bits_to_f32(h)
 
 
 def to_f32(x):
@@ -127,7 +183,7 @@ def to_f32(x):
 @overload(to_f32, jit_options=JIT_OPTIONS)
 def _to_f32_jit(x):
     if x == types.uint16:
-        return lambda x: _fpext_half(x)
+        return _widen_impl()
     return lambda x: x
 
 
