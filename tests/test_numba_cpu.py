@@ -20,7 +20,7 @@ import pytest
 from attention_cases import TOL, make_paged_case, prefill_query_counts, rel_error
 from numba import njit
 
-from paged_np.attention import numba_cpu, numba_prefill
+from paged_np.attention import numba_cpu, numba_kernels, numba_prefill
 from paged_np.attention.numba_kernels import _half_bits_to_f32, exp2, half_to_f32, to_f32
 
 
@@ -260,3 +260,22 @@ def test_kernels_right_on_a_generic_x86_64_target(tmp_path):
     worst, wide_registers, fma = r.stdout.split()[-3:]
     assert float(worst) <= TOL
     assert int(wide_registers) == 0 and fma == "False"
+
+
+@pytest.mark.parametrize("n_keys", [16, 7, 1])
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
+def test_both_score_tiles_agree_with_numpy(n_keys, kv_dtype):
+    """The AVX-512 (4 rows x 4 keys) and AVX2 (4 x 2) score tiles: same scores as NumPy.
+
+    Only one of them runs in the kernel on a given CPU; both run here.
+    """
+    rng = np.random.default_rng(n_keys)
+    qt = rng.standard_normal((8, 32), np.float32)
+    kp = rng.standard_normal((3, 2, 16, 32), np.float32).astype(kv_dtype)
+    bits = kp.view(np.uint16) if kv_dtype == np.float16 else kp
+    want = qt[4:8] @ kp[2, 1, :n_keys].astype(np.float32).T  # rows 4..7, page 2, kv head 1
+    for tile in (numba_kernels.tile_scores_4x4, numba_kernels.tile_scores_4x2):
+        s = np.full((8, 24), np.nan, np.float32)
+        tile(qt, bits, 2, 1, s, 4, 8, 5, n_keys, 0)  # columns 5.., prefetching page 0
+        np.testing.assert_allclose(s[4:8, 5:5 + n_keys], want, rtol=1e-5, atol=1e-5)
+        assert np.isnan(s[:4]).all() and np.isnan(s[4:8, 5 + n_keys:]).all()  # nothing else

@@ -238,8 +238,21 @@ def prefetch_rows(pages, pid, kvh, t0, t1):
         prefetch_l2(pages, i)
 
 
+def vector_registers() -> int:
+    """Vector registers of the target Numba compiles for: 32 with AVX-512, else 16.
+
+    Read from the CPU features Numba hands LLVM (``NUMBA_CPU_FEATURES``, or
+    the host's), so ``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=`` on an
+    AVX-512 machine counts 16, like the AVX2 machine it imitates.
+    """
+    from numba.core.registry import cpu_target
+
+    features = cpu_target.target_context.codegen()._get_host_cpu_features()
+    return 32 if "+avx512f" in features.split(",") else 16
+
+
 @njit(**JIT_OPTIONS)
-def tile_scores(qt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
+def tile_scores_4x4(qt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
     """``s[r0:r1, col0:col0+n_keys] = qt[r0:r1] @ kp[pid, kvh, :n_keys].T``.
 
     While it reads keys ``t..t+3`` it prefetches rows ``t..t+3`` of the next
@@ -299,6 +312,60 @@ def tile_scores(qt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
                 x3 += qt[r + 3, d] * k0
             s[r, c], s[r + 1, c], s[r + 2, c], s[r + 3, c] = x0, x1, x2, x3
         t += 1
+
+
+@njit(**JIT_OPTIONS)
+def tile_scores_4x2(qt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
+    """:func:`tile_scores_4x4` in passes of four rows x two keys, for 16 vector registers.
+
+    Four rows x four keys hold 16 running sums, plus four query vectors and a
+    key: 21 registers. AVX2 has 16, so LLVM kept some sums on the stack and
+    every pass stored and reloaded them (seen in ``inspect_asm``). Eight sums,
+    four query vectors and two keys fit.
+    """
+    D = qt.shape[1]
+    t = 0
+    while t + 1 < n_keys:
+        prefetch_rows(kp, next_pid, kvh, t, t + 2)
+        c = col0 + t
+        for r in range(r0, r1, 4):
+            x00 = x01 = x02 = x03 = x10 = x11 = x12 = x13 = np.float32(0.0)
+            for d in range(D):  # x<key><row> += q[row, d] * k[key, d]
+                q0, q1, q2, q3 = qt[r, d], qt[r + 1, d], qt[r + 2, d], qt[r + 3, d]
+                k0 = to_f32(kp[pid, kvh, t, d])
+                x00 += q0 * k0
+                x01 += q1 * k0
+                x02 += q2 * k0
+                x03 += q3 * k0
+                k1 = to_f32(kp[pid, kvh, t + 1, d])
+                x10 += q0 * k1
+                x11 += q1 * k1
+                x12 += q2 * k1
+                x13 += q3 * k1
+            s[r, c], s[r, c + 1] = x00, x10
+            s[r + 1, c], s[r + 1, c + 1] = x01, x11
+            s[r + 2, c], s[r + 2, c + 1] = x02, x12
+            s[r + 3, c], s[r + 3, c + 1] = x03, x13
+        t += 2
+    while t < n_keys:  # the last key of an odd page
+        prefetch_rows(kp, next_pid, kvh, t, t + 1)
+        c = col0 + t
+        for r in range(r0, r1, 4):
+            x0 = x1 = x2 = x3 = np.float32(0.0)
+            for d in range(D):
+                k0 = to_f32(kp[pid, kvh, t, d])
+                x0 += qt[r, d] * k0
+                x1 += qt[r + 1, d] * k0
+                x2 += qt[r + 2, d] * k0
+                x3 += qt[r + 3, d] * k0
+            s[r, c], s[r + 1, c], s[r + 2, c], s[r + 3, c] = x0, x1, x2, x3
+        t += 1
+
+
+#: The score tile of the target: ``s[r0:r1, col0:col0+n_keys] = qt[r0:r1] @ kp[pid, kvh].T``.
+#: Chosen once per process from :func:`vector_registers` (Numba's cache keeps the
+#: code of each target apart, so a cached AVX-512 build never runs on AVX2).
+tile_scores = tile_scores_4x4 if vector_registers() == 32 else tile_scores_4x2
 
 
 @njit(**JIT_OPTIONS)
