@@ -1,49 +1,33 @@
 """The small @njit helpers of the Numba paged attention kernel.
 
-Everything here works on one *key block*: a block of query rows against the
-tokens of a few consecutive pages of one kv head. Each page is a contiguous
-``[page_size, head_dim]`` slab of the arena (HND layout), read where it lies.
-:mod:`paged_np.attention.numba_cpu` strings the blocks together (the driver)
-and validates nothing: it relies on the public ``paged_attention`` for that.
+What it is for: the arithmetic of one *key block*, a block of query rows
+against the tokens of a few consecutive pages of one kv head. Each page is a
+contiguous ``[page_size, head_dim]`` slab of the arena (HND layout), read
+where it lies. :mod:`paged_np.attention.numba_cpu` strings the blocks
+together (the driver) and validates nothing: it relies on the public
+``paged_attention`` for that.
 
-The tricks that make these loops fast:
+How to read it, top to bottom:
 
-- **base-2 softmax.** The driver multiplies ``q`` by ``scale * log2(e)`` once,
-  so scores are in log2 units and the softmax needs ``2**x``: a shift of the
-  exponent bits plus a short polynomial (:func:`exp2`), branch-free so that
-  LLVM turns 16 of them into a handful of AVX-512 instructions. ``np.exp``
-  would be a scalar libm call per score.
-- **blocks of ~128 keys.** The softmax of one 16-key page is too short for a
-  vector loop (LLVM's vector body eats 64 floats per pass and would leave 16
-  to the scalar tail), and rescaling the accumulator after every page costs
-  as much as the page itself. So scores of several pages are gathered in one
-  ``[rows, 128]`` buffer before each softmax step.
-- **register blocks.** :func:`tile_scores` computes four query rows x four
-  keys per pass and :func:`accumulate_pv` two rows x four keys, so every
-  vector loaded from memory feeds two to four multiply-adds and the running
-  sums stay in registers (rows come in fours: the driver pads with zero
-  queries). Decode rows are the ``G`` query heads of one kv head.
-- **float16 pages as bits.** Numba 0.68 has no ``float16`` arrays on the CPU
-  (``NotImplementedError: float16``), so the driver passes the pages as
-  ``uint16`` and the loops read each element through :func:`to_f32`: an
-  LLVM ``fpext half -> float`` that becomes ``vcvtph2ps`` (16 values per
-  instruction) on any CPU with F16C, once per element per register block;
-  no widened copy of the page is made.
-- **prefetch into L2, one page ahead.** Pages lie anywhere in the arena, so
-  the hardware prefetcher learns each 8 KiB tile anew, and with the
-  arithmetic in between, too few loads are in flight to keep the memory bus
-  busy. While the helpers compute on page ``j`` they ask, a few cache lines
-  per pass, for the same rows of page ``j + 1`` (:func:`prefetch_rows`), with
-  ``llvm.prefetch`` locality 2, which x86 emits as ``prefetcht1``: *into L2*.
-  That detail is the whole gain. The usual ``prefetcht0`` (into L1) measured
-  no gain at all: an L1 request holds one of the core's few L1 miss buffers
-  (about two dozen) until the line arrives, the same buffers the demand loads
-  need, so it only moves the wait around. A request into L2 is tracked by
-  L2's own, larger, set of buffers and the loop runs on. Measured on the
-  bench's decode case (context 2048, float32, 2 threads, one process): no
-  prefetch 9.2 ms, ``prefetcht0`` 8.2-9.2 ms, ``prefetcht1`` 6.0 ms;
-  ``prefetcht2`` the same as ``prefetcht1``, and two or three pages ahead no
-  better than one.
+- :func:`exp2`: the softmax in base 2 (the driver scales ``q`` by
+  ``scale * log2(e)``), a branch-free polynomial that LLVM vectorises;
+  ``np.exp`` would be a scalar libm call per score.
+- :func:`to_f32`: float16 pages arrive as ``uint16`` bits (Numba has no
+  float16 arrays on the CPU) and are widened as they are read: one
+  ``vcvtph2ps`` per 8 or 16 values with F16C, integer operations without
+  (:func:`target_widens_half` asks LLVM which).
+- :func:`prefetch_rows`: while a page is being computed on, the same rows
+  of the *next* page are requested into L2 (``prefetcht1``).
+- :func:`tile_scores_4x4` / :func:`tile_scores_4x2` (``tile_scores`` is
+  the one for this CPU, :func:`vector_registers`), :func:`mask_scores`,
+  :func:`online_softmax`, :func:`accumulate_pv`: the four steps of a key
+  block. Query rows come in fours (the driver pads with zero queries);
+  each pass of the score tile keeps its running sums in vector registers,
+  so every vector loaded from memory feeds several multiply-adds.
+
+Why each trick is there, and what it measured (prefetch on and off, the
+tile shapes, the time of each part), is in ``docs/concepts/kernels.md``,
+with the numbers from ``benchmarks/kernel_ablation.py``.
 
 ``fastmath`` assumes there are no infinities, so nothing here starts at
 ``-inf``: the running max starts at :data:`EMPTY` (``-1e30``) and masked scores
@@ -203,7 +187,7 @@ def _prefetch_l2(typingctx, a, i):
     """LLVM: ``llvm.prefetch(&a.flat[i], read, locality 2, data)`` = x86 ``prefetcht1``.
 
     A hint: never faults, never waits for the line. Locality 2 brings the line
-    into L2 (and L3), not L1: see the module docstring for why that matters.
+    into L2 (and L3), not L1: see ``docs/concepts/kernels.md`` for why that matters.
     """
     def codegen(context, builder, sig, args):
         ary = context.make_array(sig.args[0])(context, builder, args[0])
