@@ -440,7 +440,8 @@ print(time.perf_counter() - t0)
 
 def compile_times(log) -> dict:
     """Import + first call in fresh processes: cold (empty JIT cache), then warm."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # the folder that holds the package: paged_np/cli/bench.py -> three levels up
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with tempfile.TemporaryDirectory() as cache_dir:
         env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir,
                    PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
