@@ -471,7 +471,10 @@ def write_table(res: dict) -> str:
                 else f" with features `{isa['numba_cpu_features'] or '(none beyond the name)'}`")
              + f"; {m.get('threads', '?')} threads, Numba {m.get('numba', '?')}, "
              f"NumPy {m.get('numpy', '?')}, torch {m.get('torch') or '-'}"
-             + (", `--quick`" if m.get("quick") else "") + ".", "",
+             + (", `--quick`" if m.get("quick") else "")
+             + (f"; load average {m['load_average'][0]:.1f} at the start, "
+                f"{m['load_average'][1]:.1f} at the end" if m.get("load_average") else "")
+             + ".", "",
              f"Limits: streaming read **{bw:.1f} GB/s** (best of {len(samples)} reads in this "
              f"run, median {np.median(samples):.1f}); FMA peak **"
              + (f"{peak:.0f} GFLOP/s**" if peak else "-**") + " float32. "
@@ -585,11 +588,15 @@ def main(argv: list[str]) -> int:
     def log(msg):
         print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)
 
+    load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     res = BACKENDS[args.backend](cfg, log)
     res["machine"] = {"cpu": _cpu_model(),
                       "threads": numba.get_num_threads(), "numba": numba.__version__,
                       "numpy": np.__version__, "torch": getattr(torch, "__version__", None),
-                      "quick": args.quick, "backend": args.backend}
+                      "quick": args.quick, "backend": args.backend,
+                      # other work on the machine: the 1-minute load average, start and end
+                      "load_average": [load_start, os.getloadavg()[0]] if load_start is not None
+                      else None}
     os.makedirs(args.out, exist_ok=True)
     for name in ("results.json", f"results-{isa_key(res['isa'])}.json"):  # latest, per ISA
         with open(os.path.join(args.out, name), "w") as f:
