@@ -20,8 +20,8 @@ import pytest
 from attention_cases import TOL, make_paged_case, prefill_query_counts, rel_error
 from numba import njit
 
-from paged_np.attention import numba_cpu, numba_prefill
-from paged_np.attention.numba_kernels import exp2, half_to_f32, to_f32
+from paged_np.attention import numba_cpu, numba_kernels, numba_prefill
+from paged_np.attention.numba_kernels import _half_bits_to_f32, exp2, half_to_f32, to_f32
 
 
 def run(case, *, window=0, **knobs):
@@ -125,6 +125,14 @@ def _widen_all(bits):
     return out
 
 
+@njit
+def _bits_fallback_all(bits):
+    out = np.empty(bits.size, np.float32)
+    for i in range(bits.size):
+        out[i] = _half_bits_to_f32(bits[i])
+    return out
+
+
 def test_half_to_f32_is_exact_for_every_finite_float16():
     bits = np.arange(0, 2**16, 97, dtype=np.uint16)  # a spread of all bit patterns
     halves = bits.view(np.float16)
@@ -132,6 +140,14 @@ def test_half_to_f32_is_exact_for_every_finite_float16():
     want = halves[finite].astype(np.float32)
     np.testing.assert_array_equal(_widen_all(bits[finite]), want)  # jitted
     np.testing.assert_array_equal([half_to_f32(b) for b in bits[finite]], want)  # Python twin
+    # the integer fallback for CPUs without F16C, every float16 including inf and nan
+    every = np.arange(2**16, dtype=np.uint16)
+    got = _bits_fallback_all(every)
+    np.testing.assert_array_equal(got.view(np.uint32)[np.isfinite(got)],
+                                  every.view(np.float16).astype(np.float32)[np.isfinite(got)]
+                                  .view(np.uint32))  # bit for bit: -0.0 too
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(every.view(np.float16)))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(every.view(np.float16)))
 
 
 @pytest.mark.parametrize("window", [0, 9])
@@ -198,3 +214,68 @@ def test_this_file_passes_without_jit():
                        env=env, capture_output=True, text=True, timeout=300,
                        cwd=os.path.dirname(here))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+_GENERIC_PROBE = """
+import re, sys
+import numpy as np
+from numba.core import config
+from attention_cases import TOL, make_paged_case, rel_error
+from paged_np.attention import numba_cpu
+
+assert config.CPU_NAME == "generic", config.CPU_NAME
+worst = 0.0
+for lens, n_q, kv_dtype, knobs in [
+        ([40, 9, 33], None, np.float32, {}),  # decode
+        ([40, 9, 33], None, np.float16, {"heads_per_item": 2}),  # float16 bits, two kv heads
+        ([70], None, np.float32, {"num_splits": 3}),  # split-K and its merge
+        ([30, 12], [30, 5], np.float32, {}),  # prefill and chunked prefill in the kernel
+        ([30, 12], [30, 5], np.float16, {"blas_min_queries": 8})]:  # the BLAS prefill path
+    case = make_paged_case(lens, n_q, num_heads=8, num_kv_heads=2, head_dim=16, page_size=4,
+                           kv_dtype=kv_dtype, seed=len(lens))
+    out, lse = numba_cpu.forward(case.q, case.k_pages, case.v_pages, case.block_tables,
+                                 case.seq_lens, case.qsl, 0.25, 0, True, **knobs)
+    ref_out, ref_lse = case.reference()
+    worst = max(worst, rel_error(out, ref_out), rel_error(lse, ref_lse))
+asm = "".join(numba_cpu._run_items.inspect_asm().values())
+print(worst, len(re.findall("%[yz]mm", asm)), "fmadd" in asm)
+"""
+
+
+@pytest.mark.skipif(os.environ.get("NUMBA_DISABLE_JIT") == "1", reason="needs the JIT")
+def test_kernels_right_on_a_generic_x86_64_target(tmp_path):
+    """NUMBA_CPU_NAME=generic (no AVX, no FMA, no F16C): the same answers.
+
+    In a fresh process, since the target is read before anything compiles, and
+    with an empty cache, so that no host-tuned machine code is reused. The
+    generated code must really be generic: no 256/512-bit registers, no FMA.
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]))
+    env.pop("NUMBA_CPU_FEATURES", None)
+    r = subprocess.run([sys.executable, "-c", _GENERIC_PROBE], env=env, capture_output=True,
+                       text=True, timeout=600, cwd=os.path.dirname(here))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    worst, wide_registers, fma = r.stdout.split()[-3:]
+    assert float(worst) <= TOL
+    assert int(wide_registers) == 0 and fma == "False"
+
+
+@pytest.mark.parametrize("n_keys", [16, 7, 1])
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
+def test_both_score_tiles_agree_with_numpy(n_keys, kv_dtype):
+    """The AVX-512 (4 rows x 4 keys) and AVX2 (4 x 2) score tiles: same scores as NumPy.
+
+    Only one of them runs in the kernel on a given CPU; both run here.
+    """
+    rng = np.random.default_rng(n_keys)
+    qt = rng.standard_normal((8, 32), np.float32)
+    kp = rng.standard_normal((3, 2, 16, 32), np.float32).astype(kv_dtype)
+    bits = kp.view(np.uint16) if kv_dtype == np.float16 else kp
+    want = qt[4:8] @ kp[2, 1, :n_keys].astype(np.float32).T  # rows 4..7, page 2, kv head 1
+    for tile in (numba_kernels.tile_scores_4x4, numba_kernels.tile_scores_4x2):
+        s = np.full((8, 24), np.nan, np.float32)
+        tile(qt, bits, 2, 1, s, 4, 8, 5, n_keys, 0)  # columns 5.., prefetching page 0
+        np.testing.assert_allclose(s[4:8, 5:5 + n_keys], want, rtol=1e-5, atol=1e-5)
+        assert np.isnan(s[:4]).all() and np.isnan(s[4:8, 5 + n_keys:]).all()  # nothing else

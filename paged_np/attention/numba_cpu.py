@@ -35,16 +35,11 @@ Three layers, as everywhere in paged_np: ``paged_attention`` validates, then
 :func:`_run_items` and :func:`_attend_item`), which calls the small helpers of
 :mod:`paged_np.attention.numba_kernels`.
 
-Where the time goes (decode, context 2048, float32, page 16, 2 cores):
-per thread, the arithmetic of one page (K and V tiles of one kv head, 16 KiB)
-takes about 0.55 us when the tiles are in cache, and a plain sum over the
-same tiles in the same order reads a page pair per ~1.1 us per thread.
-Without help the kernel took ~2.2 us per page pair, more than arithmetic plus
-reading: the arithmetic between the loads leaves too few of them in flight.
-Two things bring it to ~1.3 us, near the plain sum: prefetching the next
-page into L2 while computing on this one (see :mod:`.numba_kernels`), and
-decode items of two kv heads (:func:`choose_heads_per_item`), whose tiles lie
-side by side, so memory is read in 16 KiB runs rather than 8 KiB ones.
+How to read it: :func:`forward` (the entry), :func:`plan_items` and the
+``choose_*`` functions (the plan, plain NumPy), :func:`_attend_item` (one
+item, jitted), then the helpers in :mod:`.numba_kernels`. Where the time of a
+decode step goes and what each choice measured is in
+``docs/concepts/kernels.md`` (numbers from ``benchmarks/kernel_ablation.py``).
 
 Simplified compared with vLLM/FlashInfer: no hand-written assembly
 micro-kernels (the loops are written so LLVM vectorises them), no FP8, no
@@ -318,9 +313,9 @@ def choose_heads_per_item(n_tiles: int, num_kv_heads: int, q_tile: int, num_thre
 
     A page's tiles of kv heads ``h`` and ``h + 1`` lie side by side in the
     arena (``[num_pages, num_kv_heads, page_size, head_dim]``), so one item
-    reading both streams 16 KiB runs instead of two 8 KiB ones: the summing
-    reader goes from 26 to 31 GB/s and decode from ~5.8 to ~5.1 ms at context
-    2048 (measured). Prefill items (``q_tile > 1``) already have rows enough.
+    reading both streams 16 KiB runs instead of two 8 KiB ones
+    (``benchmarks/kernel_ablation.py`` times both). Prefill items
+    (``q_tile > 1``) already have rows enough.
     """
     pairs = n_tiles * (num_kv_heads // 2)
     if q_tile == 1 and num_kv_heads % 2 == 0 and pairs >= ITEMS_PER_THREAD * num_threads:

@@ -1,49 +1,33 @@
 """The small @njit helpers of the Numba paged attention kernel.
 
-Everything here works on one *key block*: a block of query rows against the
-tokens of a few consecutive pages of one kv head. Each page is a contiguous
-``[page_size, head_dim]`` slab of the arena (HND layout), read where it lies.
-:mod:`paged_np.attention.numba_cpu` strings the blocks together (the driver)
-and validates nothing: it relies on the public ``paged_attention`` for that.
+What it is for: the arithmetic of one *key block*, a block of query rows
+against the tokens of a few consecutive pages of one kv head. Each page is a
+contiguous ``[page_size, head_dim]`` slab of the arena (HND layout), read
+where it lies. :mod:`paged_np.attention.numba_cpu` strings the blocks
+together (the driver) and validates nothing: it relies on the public
+``paged_attention`` for that.
 
-The tricks that make these loops fast:
+How to read it, top to bottom:
 
-- **base-2 softmax.** The driver multiplies ``q`` by ``scale * log2(e)`` once,
-  so scores are in log2 units and the softmax needs ``2**x``: a shift of the
-  exponent bits plus a short polynomial (:func:`exp2`), branch-free so that
-  LLVM turns 16 of them into a handful of AVX-512 instructions. ``np.exp``
-  would be a scalar libm call per score.
-- **blocks of ~128 keys.** The softmax of one 16-key page is too short for a
-  vector loop (LLVM's vector body eats 64 floats per pass and would leave 16
-  to the scalar tail), and rescaling the accumulator after every page costs
-  as much as the page itself. So scores of several pages are gathered in one
-  ``[rows, 128]`` buffer before each softmax step.
-- **register blocks.** :func:`tile_scores` computes four query rows x four
-  keys per pass and :func:`accumulate_pv` two rows x four keys, so every
-  vector loaded from memory feeds two to four multiply-adds and the running
-  sums stay in registers (rows come in fours: the driver pads with zero
-  queries). Decode rows are the ``G`` query heads of one kv head.
-- **float16 pages as bits.** Numba 0.68 has no ``float16`` arrays on the CPU
-  (``NotImplementedError: float16``), so the driver passes the pages as
-  ``uint16`` and the loops read each element through :func:`to_f32`: an
-  LLVM ``fpext half -> float`` that becomes ``vcvtph2ps`` (16 values per
-  instruction) on any CPU with F16C, once per element per register block;
-  no widened copy of the page is made.
-- **prefetch into L2, one page ahead.** Pages lie anywhere in the arena, so
-  the hardware prefetcher learns each 8 KiB tile anew, and with the
-  arithmetic in between, too few loads are in flight to keep the memory bus
-  busy. While the helpers compute on page ``j`` they ask, a few cache lines
-  per pass, for the same rows of page ``j + 1`` (:func:`prefetch_rows`), with
-  ``llvm.prefetch`` locality 2, which x86 emits as ``prefetcht1``: *into L2*.
-  That detail is the whole gain. The usual ``prefetcht0`` (into L1) measured
-  no gain at all: an L1 request holds one of the core's few L1 miss buffers
-  (about two dozen) until the line arrives, the same buffers the demand loads
-  need, so it only moves the wait around. A request into L2 is tracked by
-  L2's own, larger, set of buffers and the loop runs on. Measured on the
-  bench's decode case (context 2048, float32, 2 threads, one process): no
-  prefetch 9.2 ms, ``prefetcht0`` 8.2-9.2 ms, ``prefetcht1`` 6.0 ms;
-  ``prefetcht2`` the same as ``prefetcht1``, and two or three pages ahead no
-  better than one.
+- :func:`exp2`: the softmax in base 2 (the driver scales ``q`` by
+  ``scale * log2(e)``), a branch-free polynomial that LLVM vectorises;
+  ``np.exp`` would be a scalar libm call per score.
+- :func:`to_f32`: float16 pages arrive as ``uint16`` bits (Numba has no
+  float16 arrays on the CPU) and are widened as they are read: one
+  ``vcvtph2ps`` per 8 or 16 values with F16C, integer operations without
+  (:func:`target_widens_half` asks LLVM which).
+- :func:`prefetch_rows`: while a page is being computed on, the same rows
+  of the *next* page are requested into L2 (``prefetcht1``).
+- :func:`tile_scores_4x4` / :func:`tile_scores_4x2` (``tile_scores`` is
+  the one for this CPU, :func:`vector_registers`), :func:`mask_scores`,
+  :func:`online_softmax`, :func:`accumulate_pv`: the four steps of a key
+  block. Query rows come in fours (the driver pads with zero queries);
+  each pass of the score tile keeps its running sums in vector registers,
+  so every vector loaded from memory feeds several multiply-adds.
+
+Why each trick is there, and what it measured (prefetch on and off, the
+tile shapes, the time of each part), is in ``docs/concepts/kernels.md``,
+with the numbers from ``benchmarks/kernel_ablation.py``.
 
 ``fastmath`` assumes there are no infinities, so nothing here starts at
 ``-inf``: the running max starts at :data:`EMPTY` (``-1e30``) and masked scores
@@ -53,6 +37,9 @@ has seen nothing yet.
 
 from __future__ import annotations
 
+import functools
+
+import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
@@ -112,9 +99,62 @@ def _fpext_half(typingctx, h):
     return types.float32(types.uint16), codegen
 
 
+_FPEXT_PROBE = """
+define float @widen(i16 %h) {
+  %x = bitcast i16 %h to half
+  %y = fpext half %x to float
+  ret float %y
+}
+"""
+
+
+@functools.cache
+def target_widens_half() -> bool:
+    """Whether the CPU Numba compiles for widens float16 in one instruction (F16C).
+
+    Without F16C (``NUMBA_CPU_NAME=generic``, old CPUs) LLVM lowers ``fpext
+    half`` to a call of ``__extendhfsf2``, a compiler-rt routine Numba's JIT
+    does not link: the process would abort at the first float16 page. So the
+    question is put to LLVM itself, once: compile a one-line widening for the
+    target and look for that call.
+    """
+    from numba.core.registry import cpu_target
+
+    tm = cpu_target.target_context.codegen()._tm  # the target machine Numba compiles for
+    module = llvm.parse_assembly(_FPEXT_PROBE)
+    module.triple = tm.triple
+    return "__extendhfsf2" not in tm.emit_assembly(module)
+
+
+@njit(**JIT_OPTIONS)
+def _half_bits_to_f32(h):
+    """float16 bits to float32 with integer operations: the fallback without F16C."""
+    h = np.uint32(h)
+    sign = (h & np.uint32(0x8000)) << np.uint32(16)
+    exp = (h >> np.uint32(10)) & np.uint32(0x1F)
+    mant = h & np.uint32(0x3FF)
+    if exp == 0:  # zero or subnormal: mant * 2**-24, exact in float32
+        f = np.float32(mant) * np.float32(2.0**-24)
+        return -f if sign else f
+    if exp == 31:  # inf or nan
+        bits = sign | np.uint32(0x7F800000) | (mant << np.uint32(13))
+    else:  # rebias the exponent from 15 to 127
+        bits = sign | ((exp + np.uint32(112)) << np.uint32(23)) | (mant << np.uint32(13))
+    return np.uint32(bits).view(np.float32)
+
+
+def _widen_impl():
+    """The jitted widening of float16 bits the target can run (argument named ``x``)."""
+    if target_widens_half():
+        return lambda x: _fpext_half(x)
+    return lambda x: _half_bits_to_f32(x)
+
+
 @overload(half_to_f32, jit_options=JIT_OPTIONS)
 def _half_to_f32_jit(h):
-    return lambda h: _fpext_half(h)
+    if target_widens_half():
+        return lambda h: _fpext_half(h)
+    return lambda h: _half_bits_to_f32(h)
 
 
 def to_f32(x):
@@ -127,7 +167,7 @@ def to_f32(x):
 @overload(to_f32, jit_options=JIT_OPTIONS)
 def _to_f32_jit(x):
     if x == types.uint16:
-        return lambda x: _fpext_half(x)
+        return _widen_impl()
     return lambda x: x
 
 
@@ -147,7 +187,7 @@ def _prefetch_l2(typingctx, a, i):
     """LLVM: ``llvm.prefetch(&a.flat[i], read, locality 2, data)`` = x86 ``prefetcht1``.
 
     A hint: never faults, never waits for the line. Locality 2 brings the line
-    into L2 (and L3), not L1: see the module docstring for why that matters.
+    into L2 (and L3), not L1: see ``docs/concepts/kernels.md`` for why that matters.
     """
     def codegen(context, builder, sig, args):
         ary = context.make_array(sig.args[0])(context, builder, args[0])
@@ -182,8 +222,21 @@ def prefetch_rows(pages, pid, kvh, t0, t1):
         prefetch_l2(pages, i)
 
 
+def vector_registers() -> int:
+    """Vector registers of the target Numba compiles for: 32 with AVX-512, else 16.
+
+    Read from the CPU features Numba hands LLVM (``NUMBA_CPU_FEATURES``, or
+    the host's), so ``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=`` on an
+    AVX-512 machine counts 16, like the AVX2 machine it imitates.
+    """
+    from numba.core.registry import cpu_target
+
+    features = cpu_target.target_context.codegen()._get_host_cpu_features()
+    return 32 if "+avx512f" in features.split(",") else 16
+
+
 @njit(**JIT_OPTIONS)
-def tile_scores(qt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
+def tile_scores_4x4(qt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
     """``s[r0:r1, col0:col0+n_keys] = qt[r0:r1] @ kp[pid, kvh, :n_keys].T``.
 
     While it reads keys ``t..t+3`` it prefetches rows ``t..t+3`` of the next
@@ -243,6 +296,60 @@ def tile_scores(qt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
                 x3 += qt[r + 3, d] * k0
             s[r, c], s[r + 1, c], s[r + 2, c], s[r + 3, c] = x0, x1, x2, x3
         t += 1
+
+
+@njit(**JIT_OPTIONS)
+def tile_scores_4x2(qt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
+    """:func:`tile_scores_4x4` in passes of four rows x two keys, for 16 vector registers.
+
+    Four rows x four keys hold 16 running sums, plus four query vectors and a
+    key: 21 registers. AVX2 has 16, so LLVM kept some sums on the stack and
+    every pass stored and reloaded them (seen in ``inspect_asm``). Eight sums,
+    four query vectors and two keys fit.
+    """
+    D = qt.shape[1]
+    t = 0
+    while t + 1 < n_keys:
+        prefetch_rows(kp, next_pid, kvh, t, t + 2)
+        c = col0 + t
+        for r in range(r0, r1, 4):
+            x00 = x01 = x02 = x03 = x10 = x11 = x12 = x13 = np.float32(0.0)
+            for d in range(D):  # x<key><row> += q[row, d] * k[key, d]
+                q0, q1, q2, q3 = qt[r, d], qt[r + 1, d], qt[r + 2, d], qt[r + 3, d]
+                k0 = to_f32(kp[pid, kvh, t, d])
+                x00 += q0 * k0
+                x01 += q1 * k0
+                x02 += q2 * k0
+                x03 += q3 * k0
+                k1 = to_f32(kp[pid, kvh, t + 1, d])
+                x10 += q0 * k1
+                x11 += q1 * k1
+                x12 += q2 * k1
+                x13 += q3 * k1
+            s[r, c], s[r, c + 1] = x00, x10
+            s[r + 1, c], s[r + 1, c + 1] = x01, x11
+            s[r + 2, c], s[r + 2, c + 1] = x02, x12
+            s[r + 3, c], s[r + 3, c + 1] = x03, x13
+        t += 2
+    while t < n_keys:  # the last key of an odd page
+        prefetch_rows(kp, next_pid, kvh, t, t + 1)
+        c = col0 + t
+        for r in range(r0, r1, 4):
+            x0 = x1 = x2 = x3 = np.float32(0.0)
+            for d in range(D):
+                k0 = to_f32(kp[pid, kvh, t, d])
+                x0 += qt[r, d] * k0
+                x1 += qt[r + 1, d] * k0
+                x2 += qt[r + 2, d] * k0
+                x3 += qt[r + 3, d] * k0
+            s[r, c], s[r + 1, c], s[r + 2, c], s[r + 3, c] = x0, x1, x2, x3
+        t += 1
+
+
+#: The score tile of the target: ``s[r0:r1, col0:col0+n_keys] = qt[r0:r1] @ kp[pid, kvh].T``.
+#: Chosen once per process from :func:`vector_registers` (Numba's cache keeps the
+#: code of each target apart, so a cached AVX-512 build never runs on AVX2).
+tile_scores = tile_scores_4x4 if vector_registers() == 32 else tile_scores_4x2
 
 
 @njit(**JIT_OPTIONS)
