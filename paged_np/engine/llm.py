@@ -41,11 +41,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import numbers
 import re
 from pathlib import Path
 
 import numpy as np
 
+from ..checks import check_int, check_positive_int
 from ..errors import DTypeError, InvalidArgument, UnknownSequence
 from .engine import Engine
 from .outputs import RequestOutput
@@ -57,19 +59,18 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g"
 
 def parse_bytes(value, name: str = "kv_cache_memory") -> int:
     """``"256MiB"``, ``"1.5GB"``, ``"4096"`` or an int -> bytes (1 KiB = 1024, 1 KB = 1000)."""
-    if isinstance(value, (bool, np.bool_)):
-        raise DTypeError(f"{name} must be an int or a str like '256MiB', got bool")
-    if isinstance(value, (int, np.integer)):
-        n = int(value)
-    elif isinstance(value, str):
+    if isinstance(value, str):
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", value)
         if m is None or m.group(2).lower() not in _UNITS:
             raise InvalidArgument(f"{name}: cannot read {value!r} as a size; write e.g. "
                                   "'256MiB', '1GiB' or a number of bytes")
         n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     else:
-        raise DTypeError(f"{name} must be an int or a str like '256MiB', got "
-                         f"{type(value).__name__}")
+        try:
+            n = check_int(name, value)
+        except DTypeError:
+            raise DTypeError(f"{name} must be a number of bytes or a str like '256MiB', got "
+                             f"{type(value).__name__}") from None
     if n <= 0:
         raise InvalidArgument(f"{name} must be > 0 bytes, got {value!r}")
     return n
@@ -122,9 +123,8 @@ class LLM:
 
         if kv_cache_memory is not None and num_pages is not None:
             raise InvalidArgument("give kv_cache_memory or num_pages, not both")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
-                                 or seed < 0):
-            raise InvalidArgument(f"seed must be an int >= 0 or None, got {seed!r}")
+        if seed is not None:
+            seed = check_int("seed", seed, low=0)
         if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
             raise DTypeError(f"tokenizer must be a Tokenizer, got {type(tokenizer).__name__}")
         if isinstance(model, LlamaModel):
@@ -142,10 +142,8 @@ class LLM:
         if tokenizer.vocab_size > model.cfg.vocab_size:
             raise InvalidArgument(f"tokenizer: its {tokenizer.vocab_size} ids do not fit the "
                                   f"model's vocab_size={model.cfg.vocab_size}")
-        if isinstance(page_size, bool) or not isinstance(page_size, (int, np.integer)) \
-                or page_size < 1:
-            raise InvalidArgument(f"page_size must be an int >= 1, got {page_size!r}")
-        per_page = page_nbytes(model.cfg, int(page_size))
+        page_size = check_positive_int("page_size", page_size)
+        per_page = page_nbytes(model.cfg, page_size)
         if num_pages is None:
             budget = parse_bytes("256MiB" if kv_cache_memory is None else kv_cache_memory)
             num_pages = budget // per_page
@@ -240,7 +238,8 @@ class LLM:
         if isinstance(prompts, np.ndarray):
             prompts = prompts.tolist()
         if isinstance(prompts, (list, tuple)) and prompts and all(
-                isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompts):
+                isinstance(t, numbers.Integral) and not isinstance(t, (bool, np.bool_))
+                for t in prompts):
             return [list(prompts)]                    # one prompt as token ids
         if isinstance(prompts, (list, tuple)) and prompts:
             return list(prompts)
