@@ -107,6 +107,20 @@ def test_n_samples_each_with_text(model, tok):
         assert c.finish_reason in ("stop", "length")
 
 
+def test_a_request_seed_reproduces_wherever_the_request_comes(model, tok):
+    """vLLM's per-request seed: the same prompt and seed give the same sample alone,
+    after other requests, or in a new LLM; the LLM's default seed keys by arrival."""
+    seeded = pnp.SamplingParams(max_tokens=8, temperature=1.0, seed=5)
+    alone = make_llm(model, tok).generate("Hello", seeded)[0].outputs[0].token_ids
+    llm = make_llm(model, tok)
+    llm.generate(["Hi", "Bye"], pnp.SamplingParams(max_tokens=3, temperature=1.0))
+    later = llm.generate(["Bye", "Hello"], seeded)[1].outputs[0].token_ids
+    assert later == alone
+    unseeded = pnp.SamplingParams(max_tokens=8, temperature=1.0)
+    twins = make_llm(model, tok).generate(["Hello", "Hello"], unseeded)
+    assert twins[0].outputs[0].token_ids != twins[1].outputs[0].token_ids
+
+
 # ------------------------------------------------------------------ stop strings
 def test_stop_string_cuts_the_text(model, tok):
     prompt, answer = "Hi", "Hello world. The end of it."

@@ -215,9 +215,9 @@ class LLM:
         checked = [self._check(p, sp) for p, sp in zip(prompts, sampling_params)]  # all first
         ids = []
         try:
-            for text, token_ids, params in checked:
+            for text, token_ids, params, index in checked:
                 rid = f"llm-{next(self._ids)}"
-                self._add(rid, text, token_ids, params)
+                self._add(rid, text, token_ids, params, index)
                 ids.append(rid)
             results = {}
             while len(results) < len(ids):
@@ -255,11 +255,17 @@ class LLM:
                              f"{type(request_id).__name__}")
         if request_id in self._live:
             raise InvalidArgument(f"request_id {request_id!r} is already running")
-        text, token_ids, params = self._check(prompt, params)
-        self._add(request_id, text, token_ids, params)
+        self._add(request_id, *self._check(prompt, params))
 
     def _check(self, prompt, params):
-        """``(text or None, token ids, engine params)`` for one prompt, or a PagedNPError."""
+        """``(text or None, token ids, engine params, request index)`` for one prompt, or a
+        PagedNPError.
+
+        A request's own ``seed`` makes it reproducible wherever it comes in the
+        batch (its generators are keyed as request 0, as vLLM seeds per request);
+        the LLM's default seed keys them by arrival, so that two identical
+        prompts in one batch still draw different samples.
+        """
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise DTypeError(f"sampling_params must be a SamplingParams, got "
@@ -288,18 +294,20 @@ class LLM:
         stops = params.stop_token_ids
         if not params.ignore_eos:                   # EOS and end-of-turn ids end a sample
             stops = tuple(dict.fromkeys(stops + self.tokenizer.stop_token_ids))
-        seed = params.seed if params.seed is not None else self.seed
+        own_seed = params.seed is not None
+        seed = params.seed if own_seed else self.seed
         engine_params = dataclasses.replace(params, max_tokens=min(params.max_tokens, room),
                                             stop_token_ids=stops, seed=seed)
         if engine_params.n > self.engine.max_num_seqs:
             raise InvalidArgument(f"SamplingParams.n={params.n} exceeds "
                                   f"max_num_seqs={self.engine.max_num_seqs}")
-        return text, token_ids, engine_params
+        return text, token_ids, engine_params, (0 if own_seed else None)
 
-    def _add(self, request_id, text, token_ids, params) -> None:
+    def _add(self, request_id, text, token_ids, params, request_index=None) -> None:
         from ..models import IncrementalDetokenizer
 
-        self.engine.add_request(token_ids, params, request_id=request_id)
+        self.engine.add_request(token_ids, params, request_id=request_id,
+                                request_index=request_index)
         engine_out = self.engine.request_output(request_id)
         out = RequestOutput(request_id, list(token_ids),
                             [dataclasses.replace(s, token_ids=[]) for s in engine_out.samples],
