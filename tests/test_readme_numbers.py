@@ -1,7 +1,10 @@
-"""The README's benchmark figures are those of benchmarks/results.md (no hand-copied drift).
+"""The README's kernel figures are those of benchmarks/results.md (no hand-copied drift).
 
-``python -m paged_np bench --out benchmarks`` rewrites results.md; the README quotes
-a few of its rows. This test reads both and names any figure that differs.
+``python -m paged_np bench --out benchmarks`` rewrites results.md with one section
+per instruction set measured (``### AVX2 (...) code on CPU``). The README quotes each
+section under a heading ``### Attention kernels, <ISA> code``: a few rows of its
+decode table, its prefill line and its JIT line. This test reads both files and names
+any figure that differs, and any README section whose ISA results.md lacks.
 """
 
 from __future__ import annotations
@@ -10,10 +13,12 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+README_HEADING = re.compile(r"^### Attention kernels, (\S+) code", re.M)
+RESULTS_HEADING = re.compile(r"^### (\S+) \(.*$", re.M)
 
 
 def _table(text: str, first_header: str) -> list[dict]:
-    """Rows of the markdown table whose header starts with ``| first_header |``."""
+    """Rows of the first markdown table whose header starts with ``| first_header |``."""
     lines = text.splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.startswith(f"| {first_header} |"))
     header = [c.strip() for c in lines[start].strip("|").split("|")]
@@ -25,33 +30,52 @@ def _table(text: str, first_header: str) -> list[dict]:
     return rows
 
 
-def _readme_bench_section() -> str:
+def _sections(text: str, heading: re.Pattern) -> dict[str, str]:
+    """ISA name -> the text from its heading to the next heading of the same kind."""
+    marks = list(heading.finditer(text))
+    ends = [m.start() for m in marks[1:]] + [len(text)]
+    return {m.group(1): text[m.start():end] for m, end in zip(marks, ends)}
+
+
+def _readme_sections() -> dict[str, str]:
     text = (ROOT / "README.md").read_text()
-    return text[text.index("## Benchmarks"):text.index("- Serving simulation")]
+    bench = text[text.index("## Benchmarks"):]
+    bench = bench[:bench.index("\n## ", 1)] if "\n## " in bench[1:] else bench
+    return _sections(bench, README_HEADING)
 
 
-def test_readme_decode_table_matches_results_md():
-    results = {(r["pages"], r["context"]): r
-               for r in _table((ROOT / "benchmarks/results.md").read_text(), "pages")}
-    # README column -> results.md column (README quotes % of the read measured beside it)
-    same = {"ms": "ms", "K/V GB/s": "K/V GB/s", "% of read bandwidth": "% beside",
-            "vs torch SDPA": "vs torch SDPA", "vs NumPy kernel": "vs NumPy kernel"}
-    readme_rows = _table(_readme_bench_section(), "pages")
-    assert readme_rows
-    for row in readme_rows:
-        key = (row["pages"], row["context"])
-        assert key in results, f"README row {key} is not in benchmarks/results.md"
-        for ours, theirs in same.items():
-            assert row[ours] == results[key][theirs], (
-                f"README {key} {ours}={row[ours]!r} but benchmarks/results.md says "
-                f"{results[key][theirs]!r}")
+def _results_sections() -> dict[str, str]:
+    return _sections((ROOT / "benchmarks/results.md").read_text(), RESULTS_HEADING)
+
+
+def test_readme_quotes_every_isa_of_results_md():
+    readme, results = _readme_sections(), _results_sections()
+    assert results, "benchmarks/results.md has no '### <ISA> (...)' section"
+    assert sorted(readme) == sorted(results), (
+        f"README quotes kernel sections {sorted(readme)}, results.md has {sorted(results)}")
+
+
+def test_readme_decode_tables_match_results_md():
+    results = _results_sections()
+    same = ["ms", "K/V GB/s", "limit", "% of limit", "vs torch SDPA", "vs NumPy kernel"]
+    for isa, section in _readme_sections().items():
+        assert isa in results, f"README section {isa} is not in benchmarks/results.md"
+        theirs = {(r["pages"], r["context"]): r for r in _table(results[isa], "pages")}
+        rows = _table(section, "pages")
+        assert rows, f"README section {isa} has no decode table"
+        for row in rows:
+            key = (row["pages"], row["context"])
+            assert key in theirs, f"README {isa} row {key} is not in benchmarks/results.md"
+            for col in same:
+                assert row[col] == theirs[key][col], (
+                    f"README {isa} {key} {col}={row[col]!r} but benchmarks/results.md says "
+                    f"{theirs[key][col]!r}")
 
 
 def test_readme_prefill_and_jit_lines_match_results_md():
-    res = (ROOT / "benchmarks/results.md").read_text()
-    readme = " ".join(_readme_bench_section().split())      # README wraps its lines
-    gflops, vs_torch = re.search(
-        r"Causal prefill, \d+ tokens: [\d.]+ ms, ([\d.]+) GFLOP/s, ([\d.]+x) torch", res).groups()
-    assert f"{round(float(gflops))} GFLOP/s, {vs_torch} torch SDPA" in readme
-    jit = re.search(r"^JIT: .*$", res, re.M).group(0)
-    assert jit in readme, f"README lacks the JIT line of results.md: {jit!r}"
+    results = _results_sections()
+    for isa, section in _readme_sections().items():
+        flat = " ".join(section.split())                  # the README wraps its lines
+        for pattern in (r"^Causal prefill, .*$", r"^JIT: .*$"):
+            line = re.search(pattern, results[isa], re.M).group(0)
+            assert line in flat, f"README {isa} lacks the line of results.md: {line!r}"
