@@ -95,6 +95,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--batch", type=int, default=16, help="transformers' static batch size")
+    ap.add_argument("--max-num-seqs", type=int, default=16,
+                    help="paged_np's running requests at most (default 16, as --batch)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--kv-cache-memory", default="256MiB")
     ap.add_argument("--no-peer", action="store_true", help="skip transformers")
@@ -115,7 +117,8 @@ def main(argv: list[str]) -> int:
         rows.append("")
     work = make_workload(tok, args.requests)
     tokens = sum(m for _, m in work)
-    llm = LLM(model, tokenizer=tok, kv_cache_memory=args.kv_cache_memory, max_num_seqs=16,
+    llm = LLM(model, tokenizer=tok, kv_cache_memory=args.kv_cache_memory,
+              max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=512)
     with pinned_threads(args.threads):
         llm.generate(work[0][0], None)                            # compile the kernels
@@ -129,7 +132,8 @@ def main(argv: list[str]) -> int:
             theirs = serve_transformers(hf, work, args.batch, tok.eos_token_id)
     m = llm.engine.metrics
     rows += [f"| serving {len(work)} requests ({tokens} tokens) | seconds | tokens/s |",
-             "|---|---|---|", f"| paged_np LLM (continuous batching, max_num_seqs 16) | "
+             "|---|---|---|",
+             f"| paged_np LLM (continuous batching, max_num_seqs {args.max_num_seqs}) | "
              f"{ours:.1f} | {tokens / ours:.1f} |"]
     if theirs is not None:
         rows += [f"| transformers generate, static batches of {args.batch} | {theirs:.1f} | "
