@@ -99,6 +99,9 @@ def _fpext_half(typingctx, h):
     return types.float32(types.uint16), codegen
 
 
+#: The library routines LLVM calls to widen a half without F16C (new name, LLVM <= 14's).
+_HALF_LIBCALLS = ("__extendhfsf2", "__gnu_h2f_ieee")
+
 _FPEXT_PROBE = """
 define float @widen(i16 %h) {
   %x = bitcast i16 %h to half
@@ -113,17 +116,19 @@ def target_widens_half() -> bool:
     """Whether the CPU Numba compiles for widens float16 in one instruction (F16C).
 
     Without F16C (``NUMBA_CPU_NAME=generic``, old CPUs) LLVM lowers ``fpext
-    half`` to a call of ``__extendhfsf2``, a compiler-rt routine Numba's JIT
-    does not link: the process would abort at the first float16 page. So the
-    question is put to LLVM itself, once: compile a one-line widening for the
-    target and look for that call.
+    half`` to a call of a compiler-rt routine (``__extendhfsf2``; LLVM 14, under
+    llvmlite 0.42, names it ``__gnu_h2f_ieee``) that Numba's JIT does not link:
+    the process would abort at the first float16 page. So the question is put
+    to LLVM itself, once: compile a one-line widening for the target and look
+    for either call.
     """
     from numba.core.registry import cpu_target
 
     tm = cpu_target.target_context.codegen()._tm  # the target machine Numba compiles for
     module = llvm.parse_assembly(_FPEXT_PROBE)
     module.triple = tm.triple
-    return "__extendhfsf2" not in tm.emit_assembly(module)
+    asm = tm.emit_assembly(module)
+    return not any(name in asm for name in _HALF_LIBCALLS)
 
 
 @njit(**JIT_OPTIONS)
