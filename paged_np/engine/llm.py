@@ -111,7 +111,8 @@ class LLM:
     seed : default seed for sampling params that have none (reproducible runs).
     verbose : print the arena's size.
 
-    Attributes: ``engine``, ``tokenizer``, ``model_name``, ``max_model_len``.
+    Once built, it exposes ``engine`` (the :class:`~paged_np.Engine`, with
+    its cache and metrics), ``tokenizer``, ``model_name`` and ``max_model_len``.
     """
 
     def __init__(self, model, *, tokenizer=None, kv_cache_memory=None, num_pages=None,
