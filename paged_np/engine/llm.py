@@ -97,6 +97,9 @@ class _Tracked:
 class LLM:
     """An instruct model served on the paged cache, with vLLM's offline API.
 
+    Once built, it exposes ``engine`` (the :class:`~paged_np.Engine`, with
+    its cache and metrics), ``tokenizer``, ``model_name`` and ``max_model_len``.
+
     Parameters
     ----------
     model : a known name (``"smollm2-135m-instruct"``), a ``.gguf`` file, a
@@ -111,8 +114,6 @@ class LLM:
     seed : default seed for sampling params that have none (reproducible runs).
     verbose : print the arena's size.
 
-    Once built, it exposes ``engine`` (the :class:`~paged_np.Engine`, with
-    its cache and metrics), ``tokenizer``, ``model_name`` and ``max_model_len``.
     """
 
     def __init__(self, model, *, tokenizer=None, kv_cache_memory=None, num_pages=None,
