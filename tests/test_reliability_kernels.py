@@ -96,7 +96,6 @@ def test_fuzz_mixed_batches_match_reference(backend, cfg):
     check(case, out, lse, cfg["window"], cfg["scale"])
 
 
-@pytest.mark.skipif("numba" not in BACKENDS, reason="numba backend not available")
 @settings(FUZZ, max_examples=60)
 @given(cfg=mixed_batches(), num_splits=st.sampled_from([1, 2, 3, 5]),
        q_tile=st.sampled_from([1, 2, 7, 64]))
