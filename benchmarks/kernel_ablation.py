@@ -35,7 +35,7 @@ from paged_np.attention import numba_cpu
 from paged_np.attention import numba_kernels as nk
 from paged_np.cli.bench import HKV, PAGE, B, D, H, isa_info, make_decode_case, paged_reader
 
-CTX = 2048
+CTX = int(__import__("os").environ.get("CTX", 2048))
 G = H // HKV
 SCORES, SOFTMAX, RESCALE, PV = 1, 2, 4, 8
 ALL = SCORES | SOFTMAX | RESCALE | PV

@@ -23,7 +23,7 @@ figures), :mod:`paged_np.viz` (drawings) and :mod:`paged_np.cli` (the
 all of them.
 """
 
-from .attention import merge_attention_states, paged_attention
+from .attention import AttentionMetadata, merge_attention_states, paged_attention
 from .cache.eviction import EvictionPolicy, FIFOPolicy, LFUPolicy, LRUPolicy
 from .cache.kv_cache import BatchMetadata, Event, PagedKVCache
 from .cache.page_pool import PagePool
@@ -66,6 +66,7 @@ __all__ = [
     "PagePool",
     "PagedKVCache",
     # attention
+    "AttentionMetadata",
     "merge_attention_states",
     "paged_attention",
     # models

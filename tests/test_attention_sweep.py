@@ -88,6 +88,37 @@ def test_sweep_matches_reference(backend, head_dim, page_size, heads, kv_dtype, 
                             sliding_window=window_for(page_size, head_dim) if window else None)
 
 
+@pytest.mark.parametrize(("head_dim", "page_size", "heads", "kv_dtype", "mode", "window"), SWEEP)
+def test_sweep_threaded_with_metadata(head_dim, page_size, heads, kv_dtype, mode, window,
+                                      monkeypatch):
+    """The numba backend on several threads, metadata built once, plan reused: same answers.
+
+    These cases are small, so the backend would run them on the calling thread
+    (``choose_num_threads``); a threshold of one byte wakes every thread.
+    """
+    from paged_np.attention import AttentionMetadata, numba_cpu
+
+    monkeypatch.setattr(numba_cpu, "MIN_BYTES_PER_THREAD", 1)
+    lens = sweep_seq_lens(page_size)
+    n_queries = prefill_query_counts(lens) if mode == "prefill" else None
+    if mode == "decode":
+        lens = [n for n in lens if n > 0]
+    case = make_paged_case(lens, n_queries, num_heads=heads[0], num_kv_heads=heads[1],
+                           head_dim=head_dim, page_size=page_size, kv_dtype=kv_dtype,
+                           seed=page_size * 1000 + head_dim + 1)
+    w = window_for(page_size, head_dim) if window else None
+    meta = AttentionMetadata.build(case.block_tables, case.seq_lens, case.query_start_loc, w,
+                                   num_pages=case.k_pages.shape[0],
+                                   page_size=case.k_pages.shape[2])
+    ref_out, ref_lse = case.reference(sliding_window=w)
+    for _ in range(2):  # the second layer finds the plan the first one made
+        out, lse = pnp.paged_attention(case.q, case.k_pages, case.v_pages, metadata=meta,
+                                       backend="numba", return_lse=True)
+        assert rel_error(out, ref_out) <= TOL and rel_error(lse, ref_lse) <= TOL
+    (plan,) = meta.plans.values()
+    assert plan.items is None or plan.num_threads == numba_cpu.numba.get_num_threads()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_every_head_dim_prefill_gqa_float16(backend, head_dim):

@@ -10,7 +10,11 @@ import pytest
 from attention_cases import make_paged_case
 
 import paged_np as pnp
-from paged_np.attention import BackendUnavailable, validate_paged_attention_inputs
+from paged_np.attention import (
+    AttentionMetadata,
+    BackendUnavailable,
+    validate_paged_attention_inputs,
+)
 from paged_np.errors import DTypeError, InvalidArgument, InvalidBlockTable, ShapeError
 
 
@@ -324,3 +328,79 @@ def test_device_arrays_are_validated(case, fake_backends):
     refuse(case, DTypeError, "q on the device must be float32", q=bad, backend="cuda")
     refuse(case, DTypeError, "q must be a numpy array", q=_DeviceArray(case.q),
            backend="numba")
+
+
+# ---------------------------------------------------------------------------
+# AttentionMetadata: checked once per step, then only q and the pages per layer.
+# ---------------------------------------------------------------------------
+def build(case, **changes):
+    args = dict(block_tables=case.block_tables, seq_lens=case.seq_lens,
+                query_start_loc=case.query_start_loc, num_pages=case.k_pages.shape[0],
+                page_size=case.k_pages.shape[2])
+    args.update(changes)
+    return AttentionMetadata.build(**args)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_metadata_gives_the_same_answer(case, backend):
+    meta = build(case, sliding_window=5)
+    want = pnp.paged_attention(**kwargs(case, backend=backend, sliding_window=5))
+    for _ in range(2):  # the second call reuses the numba backend's plan
+        got = pnp.paged_attention(case.q, case.k_pages, case.v_pages, metadata=meta,
+                                  backend=backend)
+        np.testing.assert_array_equal(got, want)
+    assert len(meta.plans) == (1 if backend == "numba" else 0)
+
+
+@pytest.mark.parametrize(("changes", "error", "match"), [
+    (dict(block_tables=np.array([[0, 1, 9], [3, 0, 0], [4, 0, 0]])), InvalidBlockTable,
+     r"block_tables\[0, 2\] is 9"),
+    (dict(seq_lens=[9, 4, -1]), InvalidArgument, "seq_lens must be >= 0"),
+    (dict(query_start_loc=[0, 3, 2, 8]), InvalidArgument, "query_start_loc must be "
+     "nondecreasing"),
+    (dict(sliding_window=0), InvalidArgument, "sliding_window"),
+    (dict(num_pages=-1), InvalidArgument, "num_pages"),
+    (dict(page_size=0), InvalidArgument, "page_size"),
+    (dict(num_pages=2.0), DTypeError, "num_pages"),
+])
+def test_metadata_build_refuses_what_paged_attention_refuses(case, changes, error, match):
+    with pytest.raises(error, match=match):
+        build(case, **changes)
+
+
+def test_metadata_must_match_the_layer(case):
+    meta = build(case)
+    q, k, v = case.q, case.k_pages, case.v_pages
+    with pytest.raises(ShapeError, match="q has 7 query tokens but metadata"):
+        pnp.paged_attention(q[:7], k, v, metadata=meta, backend="numpy")
+    with pytest.raises(ShapeError, match="k_pages has 5 pages of 4 tokens but metadata"):
+        pnp.paged_attention(q, k[:5], v[:5], metadata=meta, backend="numpy")
+    with pytest.raises(InvalidArgument, match="seq_lens must be None when metadata"):
+        pnp.paged_attention(q, k, v, seq_lens=case.seq_lens, metadata=meta, backend="numpy")
+    with pytest.raises(DTypeError, match="metadata must be an AttentionMetadata"):
+        pnp.paged_attention(q, k, v, metadata={"block_tables": 0}, backend="numpy")
+    with pytest.raises(ShapeError, match="q head_dim"):  # the layer's own arrays are checked
+        pnp.paged_attention(q[:, :, :4], k, v, metadata=meta, backend="numpy")
+
+
+def test_metadata_page_ids_are_checked_against_its_own_arena(case):
+    """A metadata built for a bigger arena refuses a smaller one (its ids were checked there)."""
+    big = build(case, num_pages=case.k_pages.shape[0] + 8)
+    with pytest.raises(ShapeError, match="metadata was built for"):
+        pnp.paged_attention(case.q, case.k_pages, case.v_pages, metadata=big, backend="numpy")
+
+
+def test_metadata_keeps_read_only_copies(case):
+    """Changing the caller's table after the check cannot reach the kernel."""
+    tables = case.block_tables.astype(np.int32)
+    meta = build(case, block_tables=tables)
+    tables[0, 0] = 10**6                                  # after the check
+    assert meta.block_tables[0, 0] != 10**6
+    with pytest.raises(ValueError, match="read-only"):
+        meta.block_tables[0, 0] = 10**6
+
+
+def test_metadata_made_directly_is_checked_too(case):
+    with pytest.raises(InvalidBlockTable, match=r"block_tables\[0, 2\] is 9"):
+        AttentionMetadata(np.array([[0, 1, 9], [3, 0, 0], [4, 0, 0]]), case.seq_lens,
+                          case.query_start_loc, 0, case.k_pages.shape[0], 4)

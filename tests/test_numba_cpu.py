@@ -106,6 +106,16 @@ def test_choose_num_splits_fills_the_threads():
     assert numba_cpu.choose_num_splits(1, 512, 2) == 8  # one long sequence
     assert numba_cpu.choose_num_splits(1, 15, 2) == 1  # too short to be worth it
     assert numba_cpu.choose_num_splits(2, 40, 4) == 5  # capped by pages per part
+    assert numba_cpu.choose_num_splits(1, 512, 1) == 1  # one thread: nothing to fill
+
+
+def test_choose_num_threads_wakes_a_thread_per_share_of_work():
+    """A small call stays on the calling thread: waking a worker costs more than it saves."""
+    per = numba_cpu.MIN_BYTES_PER_THREAD
+    assert numba_cpu.choose_num_threads(0, 4) == 1
+    assert numba_cpu.choose_num_threads(per - 1, 4) == 1
+    assert numba_cpu.choose_num_threads(2 * per, 4) == 2
+    assert numba_cpu.choose_num_threads(100 * per, 4) == 4  # never more than there are
 
 
 def test_exp2_accuracy_and_zero_floor():

@@ -37,6 +37,7 @@ FORK_CHILD = textwrap.dedent("""
         queue.put(attend())
 
     if __name__ == "__main__":
+        numba_cpu.MIN_BYTES_PER_THREAD = 1           # so small a case still wakes the pool
         want = attend()                              # the parent makes its pool
         assert numba_cpu._POOLS, "the parent's call did not use the thread pool"
         ctx = mp.get_context("fork")

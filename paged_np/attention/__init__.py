@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import importlib
 import math
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
-from ..checks import check_positive_int
+from ..checks import check_int, check_positive_int
 from ..config import KV_DTYPES
 from ..errors import (  # BackendUnavailable: defined in errors, still importable from here
     BackendUnavailable,
@@ -60,8 +61,78 @@ class PagedAttentionArgs(NamedTuple):
     sliding_window: int        # 0 = no window
 
 
-def paged_attention(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc=None,
-                    scale=None, sliding_window=None, backend="auto", return_lse=False):
+@dataclass(frozen=True, eq=False)
+class AttentionMetadata:
+    """One step's batch layout, validated once and shared by every layer.
+
+    A model calls :func:`paged_attention` once per layer, and every layer of a
+    step reads the same block tables, sequence lengths and query offsets: only
+    q and the layer's pages change. Checking that metadata again per layer, and
+    planning the kernel's work again, cost more than the attention itself at
+    batch 1 (``benchmarks/attention_dispatch.py``). So, as in vLLM (whose
+    metadata builder runs once per step), the metadata is checked once, when
+    it is made, and ``paged_attention(q, k_pages, v_pages, metadata=meta)``
+    checks only what a layer brings: q and the pages.
+
+    Make it with :meth:`build`. Constructing it directly validates the same
+    way (``sliding_window`` is then an int, 0 for none). The arrays it keeps
+    are read-only int32 copies, so nothing can change them after the check
+    (the jitted kernels trust every page id in them).
+
+    ``plans`` holds each backend's work plan, made by the first layer that
+    needs it and reused by the rest (the numba backend's item list; see
+    :mod:`paged_np.attention.numba_cpu`).
+    """
+
+    block_tables: np.ndarray     # int32 [B, max_pages]
+    seq_lens: np.ndarray         # int32 [B]
+    query_start_loc: np.ndarray  # int32 [B+1]
+    sliding_window: int          # 0 = no window
+    num_pages: int               # the page ids were checked against this many pages
+    page_size: int
+    plans: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        num_pages = check_int("num_pages", self.num_pages, low=0)
+        page_size = check_positive_int("page_size", self.page_size)
+        window = check_int("sliding_window", self.sliding_window, low=0)
+        qsl = self.query_start_loc
+        if qsl is None:  # one query per sequence
+            T = int(np.shape(self.block_tables)[0]) if np.ndim(self.block_tables) else 0
+        else:
+            qsl = _int_array("query_start_loc", qsl, 1)
+            T = int(qsl[-1]) if qsl.size else 0
+        arrays = _check_metadata(self.block_tables, self.seq_lens, qsl, window or None, T,
+                                 num_pages, page_size)[:3]
+        for name, arr in zip(("block_tables", "seq_lens", "query_start_loc"), arrays):
+            arr = arr.copy()  # our own, read-only: checked once, trusted by every layer
+            arr.flags.writeable = False
+            object.__setattr__(self, name, arr)
+        object.__setattr__(self, "num_pages", num_pages)
+        object.__setattr__(self, "page_size", page_size)
+        object.__setattr__(self, "sliding_window", window)
+
+    @property
+    def num_tokens(self) -> int:
+        """``T``: the query tokens of the step (``query_start_loc[-1]``)."""
+        return int(self.query_start_loc[-1])
+
+    @classmethod
+    def build(cls, block_tables, seq_lens, query_start_loc=None, sliding_window=None, *,
+              num_pages, page_size) -> "AttentionMetadata":
+        """Check the step's metadata against an arena of ``num_pages`` pages of ``page_size``.
+
+        The arguments and errors are :func:`paged_attention`'s
+        (``query_start_loc=None``: one query per sequence; ``sliding_window``
+        None or >= 1).
+        """
+        return cls(block_tables, seq_lens, query_start_loc, _sliding_window(sliding_window),
+                   num_pages, page_size)
+
+
+def paged_attention(q, k_pages, v_pages, block_tables=None, seq_lens=None,
+                    query_start_loc=None, scale=None, sliding_window=None, backend="auto",
+                    return_lse=False, *, metadata=None):
     """Attention of a batch of queries over a paged KV cache.
 
     Query ``i`` of sequence ``b`` (with ``n_q`` queries) sits at position
@@ -95,6 +166,10 @@ def paged_attention(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc
         "auto" picks cuda for device arrays, else numba if it imports, else numpy.
     return_lse : bool
         Also return the log-sum-exp of each row's scaled scores.
+    metadata : AttentionMetadata, optional
+        In place of ``block_tables``, ``seq_lens``, ``query_start_loc`` and
+        ``sliding_window`` (leave those None): the step's metadata, checked once
+        by :meth:`AttentionMetadata.build` and passed to every layer.
 
     Returns
     -------
@@ -119,11 +194,41 @@ def paged_attention(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc
     if not isinstance(return_lse, (bool, np.bool_)):
         raise DTypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     name = _resolve_backend(backend, q)
-    args = validate_paged_attention_inputs(q, k_pages, v_pages, block_tables, seq_lens,
-                                           query_start_loc, scale, sliding_window,
-                                           allow_device=(name == "cuda"))
-    out, lse = load_backend(name).forward(*args, bool(return_lse))
+    extra = {}
+    if metadata is None:
+        args = validate_paged_attention_inputs(q, k_pages, v_pages, block_tables, seq_lens,
+                                               query_start_loc, scale, sliding_window,
+                                               allow_device=(name == "cuda"))
+    else:
+        args = _with_metadata(q, k_pages, v_pages, metadata, scale, name == "cuda",
+                              block_tables=block_tables, seq_lens=seq_lens,
+                              query_start_loc=query_start_loc, sliding_window=sliding_window)
+        if name == "numba":  # the one backend with a plan worth keeping across layers
+            extra["plans"] = metadata.plans
+    out, lse = load_backend(name).forward(*args, bool(return_lse), **extra)
     return (out, lse) if return_lse else out
+
+
+def _with_metadata(q, k_pages, v_pages, metadata, scale, allow_device, **unused):
+    """The arguments of a call with ``metadata``: only q and the pages are new."""
+    if not isinstance(metadata, AttentionMetadata):
+        raise DTypeError(f"metadata must be an AttentionMetadata (AttentionMetadata.build), "
+                         f"got {type(metadata).__name__}")
+    for name, value in unused.items():
+        if value is not None:
+            raise InvalidArgument(f"{name} must be None when metadata is given (the metadata "
+                                  f"holds it)")
+    q, k_pages, v_pages, T, head_dim = _check_arrays(q, k_pages, v_pages, allow_device)
+    num_pages, page_size = int(k_pages.shape[0]), int(k_pages.shape[2])
+    if (num_pages, page_size) != (metadata.num_pages, metadata.page_size):
+        raise ShapeError(f"k_pages has {num_pages} pages of {page_size} tokens but metadata "
+                         f"was built for {metadata.num_pages} pages of {metadata.page_size}")
+    if T != metadata.num_tokens:
+        raise ShapeError(f"q has {T} query tokens but metadata's query_start_loc ends at "
+                         f"{metadata.num_tokens}")
+    return PagedAttentionArgs(q, k_pages, v_pages, metadata.block_tables, metadata.seq_lens,
+                              metadata.query_start_loc, _scale(scale, head_dim),
+                              metadata.sliding_window)
 
 
 # ---------------------------------------------------------------------------
@@ -183,6 +288,16 @@ def validate_paged_attention_inputs(q, k_pages, v_pages, block_tables, seq_lens,
     checked and they pass through untouched; integer metadata given on the
     device is copied to the host (small). Raises an error naming the argument.
     """
+    q, k_pages, v_pages, T, head_dim = _check_arrays(q, k_pages, v_pages, allow_device)
+    block_tables, seq_lens, query_start_loc, window = _check_metadata(
+        block_tables, seq_lens, query_start_loc, sliding_window, T, int(k_pages.shape[0]),
+        int(k_pages.shape[2]))
+    return PagedAttentionArgs(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
+                              _scale(scale, head_dim), window)
+
+
+def _check_arrays(q, k_pages, v_pages, allow_device):
+    """q and the pages: dims, dtypes, shapes that agree. Returns them with ``T, head_dim``."""
     q = _float_array("q", q, 3, allow_device, cast_to_float32=True)
     k_pages = _float_array("k_pages", k_pages, 4, allow_device)
     v_pages = _float_array("v_pages", v_pages, 4, allow_device)
@@ -204,7 +319,16 @@ def validate_paged_attention_inputs(q, k_pages, v_pages, block_tables, seq_lens,
     if num_heads < 1 or num_heads % num_kv_heads:
         raise ShapeError(f"q num_heads ({num_heads}) must be a positive multiple of k_pages "
                          f"num_kv_heads ({num_kv_heads}) (GQA groups)")
+    return q, k_pages, v_pages, T, head_dim
 
+
+def _check_metadata(block_tables, seq_lens, query_start_loc, sliding_window, T, num_pages,
+                    page_size):
+    """The integer metadata of ``T`` query tokens over ``num_pages`` pages of ``page_size``.
+
+    Returns ``block_tables, seq_lens, query_start_loc`` as int32 C-contiguous
+    arrays and the window as an int (0 = none).
+    """
     block_tables = _int_array("block_tables", block_tables, 2)
     seq_lens = _int_array("seq_lens", seq_lens, 1)
     B, max_pages = block_tables.shape
@@ -255,12 +379,9 @@ def validate_paged_attention_inputs(q, k_pages, v_pages, block_tables, seq_lens,
     first_live = np.maximum((seq_lens - n_q - window + 1) // page_size, 0) if window else None
     _check_page_ids(block_tables, n_pages, num_pages, first_live)
 
-    return PagedAttentionArgs(
-        q, k_pages, v_pages,
-        np.ascontiguousarray(block_tables, dtype=np.int32),
-        np.ascontiguousarray(seq_lens, dtype=np.int32),
-        np.ascontiguousarray(query_start_loc, dtype=np.int32),
-        _scale(scale, head_dim), window)
+    return (np.ascontiguousarray(block_tables, dtype=np.int32),
+            np.ascontiguousarray(seq_lens, dtype=np.int32),
+            np.ascontiguousarray(query_start_loc, dtype=np.int32), window)
 
 
 def _check_page_ids(block_tables, n_pages, num_pages, first_live=None):
@@ -350,6 +471,7 @@ def _sliding_window(window) -> int:
 
 __all__ = [
     "BACKENDS",
+    "AttentionMetadata",
     "BackendUnavailable",
     "PagedAttentionArgs",
     "load_backend",

@@ -51,6 +51,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -78,51 +79,60 @@ PREFILL_ROWS = 64
 ITEMS_PER_THREAD = 4
 #: A split-K part covers at least this many pages (smaller parts cost more to merge).
 MIN_PAGES_PER_SPLIT = 8
+#: A second thread joins only for at least this many bytes of K/V per thread
+#: (see :func:`choose_num_threads`).
+MIN_BYTES_PER_THREAD = 2 << 20
 
 # Columns of the plan (one row per work item).
 _B, _Q0, _NQ, _KVH, _KLO, _KHI, _SPLIT = range(7)
 
 
+@njit(**JIT_OPTIONS)
 def plan_items(seq_lens, query_start_loc, n_q, page_size, num_kv_heads, q_tile, num_splits,
                window, num_threads, heads_per_item=1):
     """Work items, ordered so that each thread's contiguous block costs about the same.
 
-    Plain NumPy (a few dozen items for a decode step; nothing to compile).
     ``n_q`` ``[B]``: queries per sequence the kernel handles (0: none).
     Returns int64 ``[num_threads * per_thread, 7]``: sequence, first query
     token, number of queries, first kv head (the item takes ``heads_per_item``
     of them, which must divide ``num_kv_heads``), keys ``[lo, hi)`` and split
     part. Rows with 0 queries are padding.
+
+    Jitted although it only counts: in NumPy it took 0.2-0.3 ms a call, more
+    than a small layer's attention (``benchmarks/attention_dispatch.py``).
     """
-    n_tiles = -(-n_q // q_tile)  # [B] query tiles per sequence
-    b = np.repeat(np.arange(len(n_q)), n_tiles)  # [tiles] sequence of each tile
-    first_tile = np.repeat(np.cumsum(n_tiles) - n_tiles, n_tiles)
-    i0 = (np.arange(len(b)) - first_tile) * q_tile  # [tiles] first query, within the sequence
-    nq = np.minimum(q_tile, n_q[b] - i0)
-    p_first = seq_lens[b] - n_q[b] + i0  # position of the tile's first query
-    lo = np.maximum(0, p_first - window + 1) if window > 0 else np.zeros_like(p_first)
-    hi = p_first + nq  # one past the last query's position
-    page_lo = lo // page_size
-    per = -(-((hi - 1) // page_size + 1 - page_lo) // num_splits)  # [tiles] pages per part
-    # Every (tile, split part, group of kv heads) is an item: fill a [tiles, S, Hkv/hpi, 7] grid.
-    t3 = (slice(None), None, None)  # a [tiles] column broadcast over (S, kv head groups)
-    split = np.arange(num_splits)[None, :, None]
-    grid = np.empty((len(b), num_splits, num_kv_heads // heads_per_item, 7), np.int64)
-    grid[..., _B] = b[t3]
-    grid[..., _Q0] = (query_start_loc[b] + i0)[t3]
-    grid[..., _KVH] = np.arange(0, num_kv_heads, heads_per_item)
-    grid[..., _SPLIT] = split
-    grid[..., _KLO] = np.maximum(lo[t3], (page_lo[t3] + split * per[t3]) * page_size)
-    grid[..., _KHI] = np.minimum(hi[t3], (page_lo[t3] + (split + 1) * per[t3]) * page_size)
-    grid[..., _NQ] = np.where(grid[..., _KHI] > grid[..., _KLO], nq[t3], 0)  # empty part: padding
-    items = grid.reshape(-1, 7)  # [n, 7]
+    n_groups = num_kv_heads // heads_per_item
+    n_tiles = 0
+    for b in range(len(n_q)):
+        n_tiles += (n_q[b] + q_tile - 1) // q_tile
+    items = np.zeros((n_tiles * num_splits * n_groups, 7), np.int64)
+    cost = np.empty(len(items), np.int64)
+    w = 0
+    for b in range(len(n_q)):
+        for i0 in range(0, n_q[b], q_tile):  # one query tile: queries i0 .. i0 + nq - 1
+            nq = min(q_tile, n_q[b] - i0)
+            p_first = seq_lens[b] - n_q[b] + i0  # position of the tile's first query
+            lo = max(0, p_first - window + 1) if window > 0 else 0
+            hi = p_first + nq  # one past the last query's position
+            page_lo = lo // page_size
+            per = -(-((hi - 1) // page_size + 1 - page_lo) // num_splits)  # pages per part
+            for split in range(num_splits):
+                klo = max(lo, (page_lo + split * per) * page_size)
+                khi = min(hi, (page_lo + (split + 1) * per) * page_size)
+                for g in range(n_groups):
+                    it = items[w]
+                    it[_B], it[_Q0], it[_KVH], it[_SPLIT] = b, query_start_loc[b] + i0, \
+                        g * heads_per_item, split
+                    it[_KLO], it[_KHI] = klo, khi
+                    it[_NQ] = nq if khi > klo else 0  # an empty part: padding
+                    cost[w] = it[_NQ] * max(khi - klo, 0) + 64
+                    w += 1
     # Deal the items, most expensive first, round-robin into one block per thread.
-    cost = items[:, _NQ] * np.maximum(items[:, _KHI] - items[:, _KLO], 0) + 64
-    order = np.argsort(-cost, kind="stable")
+    order = np.argsort(-cost, kind="mergesort")  # stable: equal costs keep their order
     per_thread = -(-len(items) // num_threads)
     dealt = np.zeros((per_thread * num_threads, 7), np.int64)  # padding: 0 queries
-    j = np.arange(len(items))
-    dealt[(j % num_threads) * per_thread + j // num_threads] = items[order]
+    for j in range(len(items)):
+        dealt[(j % num_threads) * per_thread + j // num_threads] = items[order[j]]
     return dealt
 
 
@@ -324,25 +334,86 @@ def choose_heads_per_item(n_tiles: int, num_kv_heads: int, q_tile: int, num_thre
 
 
 def choose_num_splits(n_items: int, max_pages: int, num_threads: int) -> int:
-    """Split-K factor: enough parts to give every thread a few items."""
+    """Split-K factor: enough parts to give every thread a few items (1 on one thread)."""
     target = ITEMS_PER_THREAD * num_threads
-    if n_items >= target or max_pages < 2 * MIN_PAGES_PER_SPLIT:
+    if num_threads == 1 or n_items >= target or max_pages < 2 * MIN_PAGES_PER_SPLIT:
         return 1
     want = -(-target // max(n_items, 1))  # ceil
     return max(1, min(want, max_pages // MIN_PAGES_PER_SPLIT))
 
 
+def choose_num_threads(work_bytes: int, max_threads: int) -> int:
+    """Threads worth waking for ``work_bytes`` of K/V to read: one per :data:`MIN_BYTES_PER_THREAD`.
+
+    Handing a block of items to a pool thread and waiting for it costs about
+    0.1 ms here (a Python thread wakes, takes the GIL, calls the kernel):
+    more than the whole attention of a small layer (SmolLM2-135M at batch 1
+    reads ~0.5 MB a layer, ~0.05 ms). Such calls run on the calling thread.
+    """
+    return max(1, min(max_threads, work_bytes // MIN_BYTES_PER_THREAD))
+
+
+class Plan(NamedTuple):
+    """How one call's work is cut: made by :func:`make_plan`, reusable by every layer of a step."""
+
+    blas_seqs: np.ndarray          # sequences whose long prefill chunk goes to BLAS
+    items: np.ndarray | None       # the kernel's work items (plan_items); None: no kernel work
+    q_tile: int
+    num_splits: int
+    heads_per_item: int
+    num_threads: int
+
+
+def make_plan(seq_lens, qsl, num_heads, num_kv_heads, page_size, kv_itemsize, head_dim,
+              window, *, num_splits=None, q_tile=None, heads_per_item=None,
+              num_threads=None, blas_min_queries=BLAS_MIN_QUERIES) -> Plan:
+    """Everything :func:`forward` decides before any arithmetic (plain NumPy).
+
+    The knobs override the automatic choices (tests force split-K, pairs of
+    kv heads or threads with them); ``None`` picks them from the shapes, the
+    bytes to read and ``numba.get_num_threads()``.
+    """
+    n_q = np.diff(qsl)
+    in_kernel = n_q < blas_min_queries
+    blas_seqs = np.flatnonzero(~in_kernel)
+    if not (in_kernel.any() and n_q[in_kernel].max() > 0):
+        return Plan(blas_seqs, None, 1, 1, 1, 1)
+    n_q = np.where(in_kernel, n_q, 0)
+    G = num_heads // num_kv_heads
+    if q_tile is None:  # decode: one query per item; prefill: ~PREFILL_ROWS rows
+        q_tile = 1 if n_q.max() <= 1 else max(1, PREFILL_ROWS // G)
+    n_tiles_each = (n_q + q_tile - 1) // q_tile  # [B]
+    n_tiles = int(n_tiles_each.sum())
+    if num_threads is None:  # K and V bytes each query tile reads (its keys, all kv heads)
+        keys = np.minimum(seq_lens, window + n_q) if window else seq_lens
+        work = int((n_tiles_each * keys).sum()) * num_kv_heads * head_dim * kv_itemsize * 2
+        num_threads = choose_num_threads(work, numba.get_num_threads())
+    if heads_per_item is None:
+        heads_per_item = choose_heads_per_item(n_tiles, num_kv_heads, q_tile, num_threads)
+    if num_splits is None:
+        max_pages = int(-(-int(seq_lens[n_q > 0].max()) // page_size))
+        num_splits = choose_num_splits(n_tiles * num_kv_heads // heads_per_item, max_pages,
+                                       num_threads)
+    items = plan_items(seq_lens, qsl, n_q, page_size, num_kv_heads, int(q_tile),
+                       int(num_splits), window, int(num_threads), int(heads_per_item))
+    return Plan(blas_seqs, items, int(q_tile), int(num_splits), int(heads_per_item),
+                int(num_threads))
+
+
 def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
-            sliding_window, return_lse, *, num_splits=None, q_tile=None,
-            heads_per_item=None, blas_min_queries=BLAS_MIN_QUERIES):
+            sliding_window, return_lse, *, plans=None, **knobs):
     """Backend entry (validated arguments, see the contract in docs/design.md).
 
     Sequences with at least ``blas_min_queries`` queries go to
     :func:`paged_np.attention.numba_prefill.attend_sequence` (BLAS); the rest
-    to the kernel here. ``num_splits``, ``q_tile`` and ``heads_per_item``
-    override the kernel's automatic choices (tests use them to force split-K
-    or pairs of kv heads); ``None`` picks them from the shapes and
-    ``numba.get_num_threads()``.
+    to the kernel here. ``knobs`` (``num_splits``, ``q_tile``,
+    ``heads_per_item``, ``num_threads``, ``blas_min_queries``) override the
+    plan's automatic choices, see :func:`make_plan`.
+
+    ``plans``: a dict kept with the step's metadata
+    (:class:`paged_np.attention.AttentionMetadata`). The plan depends only on
+    the metadata and the shapes, so the first layer makes it and the others
+    find it there.
     """
     T, H, D = q.shape
     out = np.zeros((T, H, D), np.float32)
@@ -350,47 +421,43 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     if T == 0:
         return out, (lse if return_lse else None)
     window = int(sliding_window or 0)
+    num_kv_heads, page_size = k_pages.shape[1], k_pages.shape[2]
     seq_lens = np.ascontiguousarray(seq_lens, np.int64)
     qsl = np.ascontiguousarray(query_start_loc, np.int64)
-    n_q = np.diff(qsl)
-    in_kernel = n_q < blas_min_queries
+    key = (H, num_kv_heads, page_size, D, k_pages.itemsize, window, numba.get_num_threads(),
+           tuple(sorted(knobs.items())))
+    plan = plans.get(key) if plans is not None else None
+    if plan is None:
+        plan = make_plan(seq_lens, qsl, H, num_kv_heads, page_size, k_pages.itemsize, D,
+                         window, **knobs)
+        if plans is not None:
+            plans[key] = plan
     # The kernel first: a split-K merge rewrites all T rows, BLAS then fills its own.
-    if in_kernel.any() and n_q[in_kernel].max() > 0:
-        _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, np.where(
-            in_kernel, n_q, 0), scale, window, num_splits, q_tile, heads_per_item, out, lse)
-    for b in np.flatnonzero(~in_kernel):  # long prefill chunks: BLAS
+    if plan.items is not None:
+        _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, plan, scale, window,
+                        out, lse)
+    for b in plan.blas_seqs:  # long prefill chunks: BLAS
         attend_sequence(q, k_pages, v_pages, block_tables[b], int(seq_lens[b]), int(qsl[b]),
-                        int(n_q[b]), scale, window, out, lse)
+                        int(qsl[b + 1] - qsl[b]), scale, window, out, lse)
     return out, (lse if return_lse else None)
 
 
-def _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, n_q, scale, window,
-                    num_splits, q_tile, heads_per_item, out, lse):
-    """The Numba kernel on the sequences with ``n_q > 0``; writes their rows of out, lse."""
+def _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, plan, scale, window,
+                    out, lse):
+    """The Numba kernel on the plan's items; writes their rows of out, lse."""
     T, H, D = q.shape
-    num_kv_heads, page_size = k_pages.shape[1], k_pages.shape[2]
-    G = H // num_kv_heads
+    G = H // k_pages.shape[1]
     if k_pages.dtype == np.float16:  # Numba cannot load float16: pass the bits
         k_pages, v_pages = k_pages.view(np.uint16), v_pages.view(np.uint16)
-    if q_tile is None:  # decode: one query per item; prefill: ~PREFILL_ROWS rows
-        q_tile = 1 if n_q.max() <= 1 else max(1, PREFILL_ROWS // G)
-    threads = numba.get_num_threads()
-    n_tiles = int(((n_q + q_tile - 1) // q_tile).sum())
-    if heads_per_item is None:
-        heads_per_item = choose_heads_per_item(n_tiles, num_kv_heads, int(q_tile), threads)
-    if num_splits is None:
-        max_pages = int(-(-int(seq_lens[n_q > 0].max()) // page_size))
-        num_splits = choose_num_splits(n_tiles * num_kv_heads // heads_per_item, max_pages,
-                                       threads)
-    items = plan_items(seq_lens, qsl, n_q, page_size, num_kv_heads, int(q_tile),
-                       int(num_splits), window, threads, int(heads_per_item))
     q2 = np.multiply(q, np.float32(scale) * LOG2E, dtype=np.float32)  # log2 units
-    if num_splits == 1:  # the items write the answer directly
+    S = plan.num_splits
+    if S == 1:  # the items write the answer directly
         part_out, part_lse = out[None], lse[None]
     else:
-        part_out = np.zeros((num_splits, T, H, D), np.float32)
-        part_lse = np.full((num_splits, T, H), EMPTY, np.float32)
-    _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, qsl, items, threads,
-                  int(q_tile) * G, window, part_out, part_lse, int(heads_per_item))
-    if num_splits > 1:
+        part_out = np.zeros((S, T, H, D), np.float32)
+        part_lse = np.full((S, T, H), EMPTY, np.float32)
+    _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, qsl, plan.items,
+                  plan.num_threads, plan.q_tile * G, window, part_out, part_lse,
+                  plan.heads_per_item)
+    if S > 1:
         _merge_splits(part_out, part_lse, out, lse)  # writes every token's rows

@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..attention import paged_attention
+from ..attention import AttentionMetadata, paged_attention
 from ..attention.reference import dense_attention
 from ..checks import as_token_ids, check_positive_int
 from ..config import ModelConfig
@@ -257,14 +257,18 @@ class LlamaModel:
         tables ``batch`` refers to; this step's K/V are written into it.
         """
         x = self.embed(batch.token_ids)                          # [T, H]
-        window = self.cfg.sliding_window
         rope = self.rope(batch.positions)                        # cos, sin [T, D/2]
+        k_pages, _ = cache.layer(0)
+        # Every layer reads the same block tables: check them (and plan the kernel's
+        # work) once per step, not once per layer.
+        meta = AttentionMetadata.build(batch.block_tables, batch.seq_lens,
+                                       batch.query_start_loc, self.cfg.sliding_window,
+                                       num_pages=k_pages.shape[0], page_size=k_pages.shape[2])
         for layer in range(self.cfg.num_layers):
             q, k, v = self.qkv(layer, x, rope)                   # [T, Hq, D], [T, Hkv, D] x2
             cache.write_kv(layer, batch.slots, k, v)             # scatter into the arena
             k_pages, v_pages = cache.layer(layer)                # [P, Hkv, page_size, D] views
-            attn = paged_attention(q, k_pages, v_pages, batch.block_tables, batch.seq_lens,
-                                   batch.query_start_loc, sliding_window=window,
+            attn = paged_attention(q, k_pages, v_pages, metadata=meta,
                                    backend=backend)              # [T, Hq, D]
             x = self.finish_layer(layer, x, attn)                # [T, H]
         return self.logits(x[batch.logits_indices])              # [S, V]

@@ -1,0 +1,122 @@
+"""The fixed cost of one ``paged_attention`` call, and what metadata built once per step saves.
+
+Run from the repository root::
+
+    python benchmarks/attention_dispatch.py
+
+A model calls ``paged_attention`` once per layer (30 times a token for
+SmolLM2-135M). At batch 1 the arithmetic of a layer is tiny, so what a call
+costs before and after the kernel decides the speed. This script times, on the
+calling thread, for two shapes (a SmolLM2-135M decode layer at context 300,
+and the kernel bench's batch of 8 at a one-page context):
+
+- *plain call*: ``paged_attention(q, k, v, block_tables, seq_lens, qsl)``:
+  validation, planning and the kernel, every call;
+- *with metadata*: ``paged_attention(q, k, v, metadata=meta)`` with ``meta``
+  built once (what the model does): only q and the pages are checked, and the
+  numba backend reuses its plan;
+- *with metadata, on every thread*: the same, with a plan made while the
+  threshold of ``numba_cpu.choose_num_threads`` was one byte, so the thread
+  pool runs it, as it ran every call before that threshold existed;
+- the parts: validating the whole call, building the metadata, planning the
+  kernel's work (``numba_cpu.make_plan``), and the jitted item loop alone.
+
+Prints a markdown table; ``docs/concepts/kernels.md`` quotes it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numba
+import numpy as np
+
+from paged_np.attention import (
+    AttentionMetadata,
+    numba_cpu,
+    paged_attention,
+    validate_paged_attention_inputs,
+)
+
+
+def case(batch, num_heads, num_kv_heads, head_dim, ctx, page_size=16, seed=0):
+    rng = np.random.default_rng(seed)
+    n_pages = -(-ctx // page_size)
+    k = rng.standard_normal((batch * n_pages, num_kv_heads, page_size, head_dim),
+                            dtype=np.float32)
+    v = rng.standard_normal(k.shape, dtype=np.float32)
+    tables = rng.permutation(batch * n_pages).reshape(batch, n_pages).astype(np.int32)
+    q = rng.standard_normal((batch, num_heads, head_dim), dtype=np.float32)
+    return q, k, v, tables, np.full(batch, ctx, np.int32), np.arange(batch + 1, dtype=np.int32)
+
+
+def best_us(fn, n=300, rounds=5):
+    """Best mean over ``rounds`` runs of ``n`` calls, in microseconds."""
+    fn()
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / n)
+    return best * 1e6
+
+
+def measure(q, k, v, bt, sl, qsl):
+    P, Hkv, H, D = k.shape[2], k.shape[1], q.shape[1], q.shape[2]
+    meta = AttentionMetadata.build(bt, sl, qsl, num_pages=k.shape[0], page_size=P)
+    args = validate_paged_attention_inputs(q, k, v, bt, sl, qsl)
+    sl64, qsl64 = sl.astype(np.int64), qsl.astype(np.int64)
+    plan = numba_cpu.make_plan(sl64, qsl64, H, Hkv, P, k.itemsize, D, 0)
+    q2 = q * np.float32(0.1)
+    out, lse = np.zeros(q.shape, np.float32)[None], np.zeros(q.shape[:2], np.float32)[None]
+    items = plan.items
+
+    # A second metadata whose plan is made with a one-byte threshold: every thread, as
+    # every call ran before the plan looked at the bytes to read.
+    pooled = AttentionMetadata.build(bt, sl, qsl, num_pages=k.shape[0], page_size=P)
+    min_bytes, numba_cpu.MIN_BYTES_PER_THREAD = numba_cpu.MIN_BYTES_PER_THREAD, 1
+    try:
+        paged_attention(q, k, v, metadata=pooled, backend="numba")  # makes and keeps the plan
+    finally:
+        numba_cpu.MIN_BYTES_PER_THREAD = min_bytes
+    return {
+        "plain call": best_us(lambda: paged_attention(q, k, v, bt, sl, qsl, backend="numba")),
+        "with metadata": best_us(lambda: paged_attention(q, k, v, metadata=meta,
+                                                         backend="numba")),
+        "with metadata, on every thread": best_us(lambda: paged_attention(
+            q, k, v, metadata=pooled, backend="numba")),
+        "validate (whole call)": best_us(lambda: validate_paged_attention_inputs(*args[:6])),
+        "build metadata": best_us(lambda: AttentionMetadata.build(
+            bt, sl, qsl, num_pages=k.shape[0], page_size=P)),
+        "plan (make_plan)": best_us(lambda: numba_cpu.make_plan(
+            sl64, qsl64, H, Hkv, P, k.itemsize, D, 0)),
+        "jitted item loop alone": best_us(lambda: numba_cpu._run_items(
+            q2, k, v, bt, sl64, qsl64, items, 0, len(items), plan.q_tile * (H // Hkv), 0,
+            out, lse, plan.heads_per_item)),
+    }, plan.num_threads
+
+
+def main(argv) -> int:
+    shapes = {
+        "SmolLM2-135M decode layer (B=1, heads 9/3, head_dim 64, context 300)":
+            case(1, 9, 3, 64, 300),
+        "kernel bench's dispatch case (B=8, heads 32/8, head_dim 128, context 16)":
+            case(8, 32, 8, 128, 16),
+    }
+    print(f"{numba.get_num_threads()} Numba threads available; microseconds per call, best "
+          f"of 5 runs of 300 calls.\n")
+    rows, names = {}, list(shapes)
+    for name, arrays in shapes.items():
+        rows[name], threads = measure(*arrays)
+        print(f"- {name}: the plan runs it on {threads} thread(s)")
+    print("\n| part | " + " | ".join(f"case {i + 1} us" for i in range(len(names))) + " |")
+    print("|---|" + "---|" * len(names))
+    for part in rows[names[0]]:
+        print(f"| {part} | " + " | ".join(f"{rows[n][part]:.0f}" for n in names) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
