@@ -87,52 +87,46 @@ MIN_BYTES_PER_THREAD = 2 << 20
 _B, _Q0, _NQ, _KVH, _KLO, _KHI, _SPLIT = range(7)
 
 
-@njit(**JIT_OPTIONS)
 def plan_items(seq_lens, query_start_loc, n_q, page_size, num_kv_heads, q_tile, num_splits,
                window, num_threads, heads_per_item=1):
     """Work items, ordered so that each thread's contiguous block costs about the same.
 
+    Plain NumPy (a few dozen items for a decode step; nothing to compile).
     ``n_q`` ``[B]``: queries per sequence the kernel handles (0: none).
     Returns int64 ``[num_threads * per_thread, 7]``: sequence, first query
     token, number of queries, first kv head (the item takes ``heads_per_item``
     of them, which must divide ``num_kv_heads``), keys ``[lo, hi)`` and split
     part. Rows with 0 queries are padding.
-
-    Jitted although it only counts: in NumPy it took 0.2-0.3 ms a call, more
-    than a small layer's attention (``benchmarks/attention_dispatch.py``).
     """
-    n_groups = num_kv_heads // heads_per_item
-    n_tiles = 0
-    for b in range(len(n_q)):
-        n_tiles += (n_q[b] + q_tile - 1) // q_tile
-    items = np.zeros((n_tiles * num_splits * n_groups, 7), np.int64)
-    cost = np.empty(len(items), np.int64)
-    w = 0
-    for b in range(len(n_q)):
-        for i0 in range(0, n_q[b], q_tile):  # one query tile: queries i0 .. i0 + nq - 1
-            nq = min(q_tile, n_q[b] - i0)
-            p_first = seq_lens[b] - n_q[b] + i0  # position of the tile's first query
-            lo = max(0, p_first - window + 1) if window > 0 else 0
-            hi = p_first + nq  # one past the last query's position
-            page_lo = lo // page_size
-            per = -(-((hi - 1) // page_size + 1 - page_lo) // num_splits)  # pages per part
-            for split in range(num_splits):
-                klo = max(lo, (page_lo + split * per) * page_size)
-                khi = min(hi, (page_lo + (split + 1) * per) * page_size)
-                for g in range(n_groups):
-                    it = items[w]
-                    it[_B], it[_Q0], it[_KVH], it[_SPLIT] = b, query_start_loc[b] + i0, \
-                        g * heads_per_item, split
-                    it[_KLO], it[_KHI] = klo, khi
-                    it[_NQ] = nq if khi > klo else 0  # an empty part: padding
-                    cost[w] = it[_NQ] * max(khi - klo, 0) + 64
-                    w += 1
+    n_tiles = -(-n_q // q_tile)  # [B] query tiles per sequence
+    b = np.repeat(np.arange(len(n_q)), n_tiles)  # [tiles] sequence of each tile
+    first_tile = np.repeat(np.cumsum(n_tiles) - n_tiles, n_tiles)
+    i0 = (np.arange(len(b)) - first_tile) * q_tile  # [tiles] first query, within the sequence
+    nq = np.minimum(q_tile, n_q[b] - i0)
+    p_first = seq_lens[b] - n_q[b] + i0  # position of the tile's first query
+    lo = np.maximum(0, p_first - window + 1) if window > 0 else np.zeros_like(p_first)
+    hi = p_first + nq  # one past the last query's position
+    page_lo = lo // page_size
+    per = -(-((hi - 1) // page_size + 1 - page_lo) // num_splits)  # [tiles] pages per part
+    # Every (tile, split part, group of kv heads) is an item: fill a [tiles, S, Hkv/hpi, 7] grid.
+    t3 = (slice(None), None, None)  # a [tiles] column broadcast over (S, kv head groups)
+    split = np.arange(num_splits)[None, :, None]
+    grid = np.empty((len(b), num_splits, num_kv_heads // heads_per_item, 7), np.int64)
+    grid[..., _B] = b[t3]
+    grid[..., _Q0] = (query_start_loc[b] + i0)[t3]
+    grid[..., _KVH] = np.arange(0, num_kv_heads, heads_per_item)
+    grid[..., _SPLIT] = split
+    grid[..., _KLO] = np.maximum(lo[t3], (page_lo[t3] + split * per[t3]) * page_size)
+    grid[..., _KHI] = np.minimum(hi[t3], (page_lo[t3] + (split + 1) * per[t3]) * page_size)
+    grid[..., _NQ] = np.where(grid[..., _KHI] > grid[..., _KLO], nq[t3], 0)  # empty part: padding
+    items = grid.reshape(-1, 7)  # [n, 7]
     # Deal the items, most expensive first, round-robin into one block per thread.
-    order = np.argsort(-cost, kind="mergesort")  # stable: equal costs keep their order
+    cost = items[:, _NQ] * np.maximum(items[:, _KHI] - items[:, _KLO], 0) + 64
+    order = np.argsort(-cost, kind="stable")
     per_thread = -(-len(items) // num_threads)
     dealt = np.zeros((per_thread * num_threads, 7), np.int64)  # padding: 0 queries
-    for j in range(len(items)):
-        dealt[(j % num_threads) * per_thread + j // num_threads] = items[order[j]]
+    j = np.arange(len(items))
+    dealt[(j % num_threads) * per_thread + j // num_threads] = items[order]
     return dealt
 
 
