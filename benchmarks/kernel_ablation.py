@@ -4,9 +4,12 @@ Run from the repository root::
 
     python benchmarks/kernel_ablation.py                 # the code Numba makes for this CPU
     NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES= python benchmarks/kernel_ablation.py  # AVX2 code
+    NUMBA_NUM_THREADS=1 python benchmarks/kernel_ablation.py --ctx 128  # from cache, one core
 
 The case is the bench's decode step (``paged_np.cli.bench``: batch 8, 32 query
-heads on 8 kv heads, head_dim 128, pages of 16, shuffled) at context 2048. The
+heads on 8 kv heads, head_dim 128, pages of 16, shuffled) at context 2048, or
+``--ctx N``: at 128 the 8 MiB of K/V stay in the last-level cache, so on one
+thread the rows show what the arithmetic costs with little waiting on memory. The
 script rebuilds the kernel's item loop (``numba_cpu._attend_item``, decode
 only) from the same helpers of ``numba_kernels``, with switches: which parts
 run (the score tile, the softmax's ``exp2`` without and with the rescaling of
@@ -35,7 +38,7 @@ from paged_np.attention import numba_cpu
 from paged_np.attention import numba_kernels as nk
 from paged_np.cli.bench import HKV, PAGE, B, D, H, isa_info, make_decode_case, paged_reader
 
-CTX = int(__import__("os").environ.get("CTX", 2048))
+CTX = 2048  # the default context; --ctx N for another
 G = H // HKV
 SCORES, SOFTMAX, RESCALE, PV = 1, 2, 4, 8
 ALL = SCORES | SOFTMAX | RESCALE | PV
@@ -125,7 +128,8 @@ def best_alternating(fns: dict, rounds: int = 5, repeat: int = 5) -> dict:
 
 def main(argv) -> int:
     dtype = np.float16 if "--f16" in argv else np.float32
-    case = make_decode_case(CTX, dtype)
+    ctx = int(argv[argv.index("--ctx") + 1]) if "--ctx" in argv else CTX
+    case = make_decode_case(ctx, dtype)
     small = make_decode_case(PAGE, dtype)
     four = nk.vector_registers() == 32  # the kernel's own choice of score tile
     fwd = functools.partial(numba_cpu.forward, *case, D**-0.5, 0, False)
@@ -146,9 +150,9 @@ def main(argv) -> int:
     }
     best = best_alternating(fns)
     isa = isa_info()
-    gb = 2 * B * HKV * CTX * D * np.dtype(dtype).itemsize / 1e9
+    gb = 2 * B * HKV * ctx * D * np.dtype(dtype).itemsize / 1e9
     print(f"{isa['codegen']} code on {isa['cpu']} (Numba target `{isa['numba_cpu_name']}`), "
-          f"{numba.get_num_threads()} threads; decode {np.dtype(dtype).name}, context {CTX}, "
+          f"{numba.get_num_threads()} threads; decode {np.dtype(dtype).name}, context {ctx}, "
           f"B={B}, heads {H}/{HKV}, head_dim {D}, page {PAGE}; kernel's score tile: "
           f"{'4x4' if four else '4x2'}.\n")
     print("| variant | ms | K/V GB/s |\n|---|---|---|")
