@@ -276,8 +276,12 @@ def blog_attention(mistake):
     """Blog-style paged attention with mistake 1 or 2 (0: none); the package's
     signature, so the model can call it."""
 
-    def attention(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc=None,
-                  scale=None, sliding_window=None, backend=None, return_lse=False):
+    def attention(q, k_pages, v_pages, block_tables=None, seq_lens=None, query_start_loc=None,
+                  scale=None, sliding_window=None, backend=None, return_lse=False, *,
+                  metadata=None):
+        if metadata is not None:  # the model checks a step's tables once, for every layer
+            block_tables, seq_lens = metadata.block_tables, metadata.seq_lens
+            query_start_loc = metadata.query_start_loc
         T, H, D = q.shape
         _, Hkv, P, _ = k_pages.shape
         g, scale = H // Hkv, scale or D ** -0.5
