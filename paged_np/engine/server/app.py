@@ -1,0 +1,384 @@
+"""The FastAPI app: handlers validate, enqueue, and read their request's queue; ``serve``
+runs it, ``ServerThread`` runs it in a thread (tests, notebooks)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import signal
+import threading
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ...errors import ChatTemplateError, PagedNPError
+from ..sampling import SamplingParams
+from .loop import EngineLoop, Update
+from .metrics import ServerMetrics
+from .schemas import APIError, ChatCompletionRequest, CompletionRequest, _validation_error
+
+# ---------------------------------------------------------------------------
+# The app: handlers validate, enqueue, and read their request's queue.
+# ---------------------------------------------------------------------------
+
+
+class Server:
+    """The handlers' view of one served model: validation and result reading."""
+
+    def __init__(self, llm, served_model_name: str | None = None, max_n: int | None = None):
+        self.llm = llm
+        self.tokenizer = llm.tokenizer
+        self.model_name = served_model_name or getattr(llm, "model_name", None) or "paged-np"
+        self.max_model_len = int(llm.max_model_len)
+        self.max_n = int(max_n or llm.engine.max_num_seqs)
+        self.loop = EngineLoop(llm)
+        self.created = int(time.time())
+        self._ids = itertools.count()
+
+    # ---- validation: everything a 400 can be about, before the engine sees it
+    def parse(self, cls, body):
+        try:
+            req = cls.model_validate(body)
+        except ValidationError as e:
+            raise _validation_error(e) from None
+        if req.model != self.model_name:
+            raise APIError(400, f"model: the model {req.model!r} does not exist here; this "
+                           f"server serves {self.model_name!r}", "model", "model_not_found")
+        if req.n > self.max_n:
+            raise APIError(400, f"n: at most {self.max_n} samples per request (the engine's "
+                           f"max_num_seqs), got {req.n}", "n", "invalid_value")
+        return req
+
+    def prompt_ids(self, req) -> tuple[list[int], str]:
+        """The prompt as token ids, and the field it came from."""
+        if isinstance(req, ChatCompletionRequest):
+            msgs = [{"role": m.role, "content": m.content} for m in req.messages]
+            try:
+                text = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
+            except ChatTemplateError as e:
+                raise APIError(400, f"messages: {e}", "messages", "invalid_value") from None
+            return self.tokenizer.encode(text), "messages"
+        if isinstance(req.prompt, str):                  # as vLLM: the tokenizer's BOS, if any
+            return self.tokenizer.encode(req.prompt, add_special_tokens=True), "prompt"
+        vocab = self.tokenizer.vocab_size
+        bad = [t for t in req.prompt if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary "
+                           f"[0, {vocab})", "prompt", "invalid_value")
+        return list(req.prompt), "prompt"
+
+    def sampling(self, req, n_prompt: int, field: str) -> SamplingParams:
+        limit = self.max_model_len
+        if n_prompt == 0:
+            raise APIError(400, f"{field}: the prompt is empty", field, "invalid_value")
+        if n_prompt >= limit:
+            raise APIError(400, f"{field}: the prompt has {n_prompt} tokens; this model's "
+                           f"context is {limit} tokens (prompt + output)", field,
+                           "context_length_exceeded")
+        max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
+        if max_tokens is None:                           # as vLLM: up to the context
+            max_tokens = limit - n_prompt
+        if n_prompt + max_tokens > limit:
+            raise APIError(400, f"max_tokens: {max_tokens} tokens after a prompt of "
+                           f"{n_prompt} go past the context of {limit} tokens; ask for at "
+                           f"most {limit - n_prompt}", "max_tokens", "context_length_exceeded")
+        try:
+            return SamplingParams(max_tokens=max_tokens, temperature=req.temperature,
+                                  top_p=req.top_p, seed=req.seed, n=req.n, stop=req.stop,
+                                  ignore_eos=req.ignore_eos)
+        except PagedNPError as e:                        # e.g. an empty stop string
+            raise APIError(400, str(e), None, "invalid_value") from None
+
+    def submit(self, req, prompt_ids, params, prefix) -> tuple[str, asyncio.Queue]:
+        if self.loop.stopping:
+            raise APIError(503, "the server is shutting down", None, "shutting_down",
+                           "server_error")
+        rid = f"{prefix}-{uuid.uuid4().hex[:16]}"
+        q: asyncio.Queue = asyncio.Queue()
+        self.loop.submit(rid, prompt_ids, params, asyncio.get_running_loop(), q)
+        return rid, q
+
+
+def _usage(u: Update) -> dict:
+    completion = sum(u.num_tokens)
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": u.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
+def create_app(llm, served_model_name: str | None = None, max_n: int | None = None,
+               drain_s: float = 0.0):
+    """The FastAPI app serving ``llm`` (a :class:`paged_np.LLM`).
+
+    The engine loop starts with the app and stops with it: at shutdown,
+    requests still running get ``drain_s`` seconds to finish, then are aborted.
+    """
+    srv = Server(llm, served_model_name, max_n)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        srv.loop.start()
+        yield
+        await asyncio.to_thread(srv.loop.stop, drain_s)
+
+    app = FastAPI(title="paged_np", lifespan=lifespan)
+    app.state.server = srv
+
+    @app.exception_handler(APIError)
+    async def api_error(request, e: APIError):
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request, e: Exception):
+        # A bug of ours: this request fails with the reason; the server goes on.
+        return JSONResponse(APIError(500, f"internal error: {e!r}", None, "internal_error",
+                                     "server_error").body(), status_code=500)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, e):
+        code = "not_found" if e.status_code == 404 else None
+        return JSONResponse(APIError(e.status_code, f"{request.method} {request.url.path}: "
+                                     f"{e.detail}", None, code).body(), status_code=e.status_code)
+
+    async def read_json(request: Request):
+        ctype = request.headers.get("content-type", "")
+        if ctype.split(";")[0].strip().lower() != "application/json":
+            raise APIError(400, f"Content-Type must be application/json, got {ctype!r}",
+                           None, "invalid_content_type")
+        try:
+            return json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise APIError(400, f"the body is not valid JSON: {e}", None, "invalid_json") from None
+
+    async def results(request: Request, rid: str, q: asyncio.Queue):
+        """Yield the request's updates until it finishes; abort it if the client leaves."""
+
+        async def watch_disconnect():
+            # The body has been read: the next message the server sends us is the
+            # client hanging up. (uvicorn drops writes to a closed socket silently,
+            # so writing alone would never tell us.)
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            q.put_nowait(None)
+
+        watcher = asyncio.create_task(watch_disconnect())
+        done = False
+        try:
+            while True:
+                u = await q.get()
+                # Updates are whole snapshots: when several wait (a busy server, a slow
+                # client), the newest says it all, and one event carries their tokens.
+                while u is not None and not u.finished and not q.empty():
+                    u = q.get_nowait()
+                if u is None:                           # the client went away
+                    return
+                done = u.finished
+                yield u
+                if done:
+                    return
+        finally:
+            watcher.cancel()
+            if not done:                                # the client left (or we stopped)
+                srv.loop.abort(rid)
+
+    @app.get("/health")
+    async def health():
+        if not srv.loop.alive:
+            raise APIError(503, "the engine loop is not running", None, "engine_dead",
+                           "server_error")
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(srv.loop.metrics.render(),
+                                 media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{
+            "id": srv.model_name, "object": "model", "created": srv.created,
+            "owned_by": "paged_np", "max_model_len": srv.max_model_len}]}
+
+    async def handle(request: Request, cls, prefix: str, chat: bool):
+        req = srv.parse(cls, await read_json(request))
+        prompt_ids, field = srv.prompt_ids(req)
+        params = srv.sampling(req, len(prompt_ids), field)
+        rid, q = srv.submit(req, prompt_ids, params, prefix)
+        created = int(time.time())
+        base = {"id": rid, "created": created, "model": srv.model_name}
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            gen = _stream(results(request, rid, q), base, chat, req.n, include_usage)
+            return StreamingResponse(gen, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        last = None
+        async for u in results(request, rid, q):
+            last = u
+        if last is None:                                 # the client left: nobody to answer
+            return PlainTextResponse("", status_code=499)
+        if last.error is not None:
+            raise APIError(last.status, last.error, None, "engine_error",
+                           "invalid_request_error" if last.status == 400 else "server_error")
+        if chat:
+            choices = [{"index": j, "message": {"role": "assistant", "content": t},
+                        "logprobs": None, "finish_reason": r}
+                       for j, (t, r) in enumerate(zip(last.texts, last.finish_reasons))]
+            obj = "chat.completion"
+        else:
+            choices = [{"index": j, "text": t, "logprobs": None, "finish_reason": r}
+                       for j, (t, r) in enumerate(zip(last.texts, last.finish_reasons))]
+            obj = "text_completion"
+        return {**base, "object": obj, "choices": choices, "usage": _usage(last)}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await handle(request, ChatCompletionRequest, "chatcmpl", chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await handle(request, CompletionRequest, "cmpl", chat=False)
+
+    return app
+
+
+async def _stream(updates, base, chat, n, include_usage):
+    """Server-sent events: one chunk per sample per update, then ``data: [DONE]``."""
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    sent = [0] * n                                       # characters sent, per sample
+    finished = [False] * n
+
+    def chunk(choices, usage=None):
+        body = {**base, "object": obj, "choices": choices}
+        if include_usage:
+            body["usage"] = usage
+        return f"data: {json.dumps(body)}\n\n"
+
+    last = None
+    try:
+        if chat:                                         # OpenAI opens with the role
+            yield chunk([{"index": j, "delta": {"role": "assistant", "content": ""},
+                          "logprobs": None, "finish_reason": None} for j in range(n)])
+        async for u in updates:
+            last = u
+            if u.error is not None:
+                err = APIError(u.status, u.error, None, "engine_error", "server_error")
+                yield f"data: {json.dumps(err.body())}\n\n"
+                break
+            choices = []
+            for j in range(n):
+                if finished[j]:
+                    continue
+                # The LLM's text never takes back what it showed: it holds back the
+                # start of a possible stop string until it knows.
+                text, reason = u.texts[j], u.finish_reasons[j]
+                delta = text[sent[j]:]
+                sent[j] = max(sent[j], len(text))
+                if not delta and reason is None:
+                    continue
+                finished[j] = reason is not None
+                if chat:
+                    choices.append({"index": j, "delta": {"content": delta} if delta else {},
+                                    "logprobs": None, "finish_reason": reason})
+                else:
+                    choices.append({"index": j, "text": delta, "logprobs": None,
+                                    "finish_reason": reason})
+            if choices:
+                yield chunk(choices)
+        if include_usage and last is not None and last.error is None:
+            yield chunk([], _usage(last))
+        yield "data: [DONE]\n\n"
+    finally:
+        # A client gone mid-stream closes this generator: close the inner one
+        # now (not at garbage collection), so its request is aborted at once.
+        await updates.aclose()
+
+
+def serve(llm, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
+          drain_s: float = 5.0, log_level: str = "info") -> None:
+    """Run the server until Ctrl-C or SIGTERM.
+
+    On the signal uvicorn stops accepting connections and gives in-flight
+    requests ``drain_s`` seconds to finish; the engine loop then aborts what
+    is left (their streams end with ``finish_reason="abort"``) and exits.
+    """
+    import uvicorn
+
+    app = create_app(llm, served_model_name, drain_s=drain_s)
+    engine_loop = app.state.server.loop
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            # First the engine: in-flight requests get drain_s seconds, then end
+            # with finish_reason "abort". uvicorn meanwhile stops accepting
+            # connections and waits for the responses to complete.
+            engine_loop.begin_stop(drain_s)
+            # uvicorn's own handler also re-raises the signal once shut down (the
+            # process then dies *by* it); we have shut down cleanly: exit with 0.
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True                   # a second Ctrl-C: stop waiting
+            self.should_exit = True
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=drain_s + 5.0)
+    _Server(config).run()
+
+
+class ServerThread:
+    """The server in a background thread, on a free loopback port (tests, notebooks).
+
+    ::
+
+        with ServerThread(llm) as srv:
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
+
+    Leaving the ``with`` block shuts it down as Ctrl-C would.
+    """
+
+    def __init__(self, llm, served_model_name: str | None = None, drain_s: float = 1.0,
+                 host: str = "127.0.0.1"):
+        import socket
+
+        import uvicorn
+
+        self.app = create_app(llm, served_model_name, drain_s=drain_s)
+        self.drain_s = drain_s
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind((host, 0))                       # port 0: the OS picks a free one
+        self.port = self._sock.getsockname()[1]
+        self.url = f"http://{host}:{self.port}"
+        config = uvicorn.Config(self.app, log_level="warning",
+                                timeout_graceful_shutdown=drain_s + 5.0)
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]},
+                                        name="paged_np-http", daemon=True)
+
+    @property
+    def metrics(self) -> ServerMetrics:
+        return self.app.state.server.loop.metrics
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise PagedNPError(f"the server on {self.url} did not start within {timeout} s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.app.state.server.loop.begin_stop(self.drain_s)
+        self.server.should_exit = True
+        self._thread.join(timeout)
+        self._sock.close()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

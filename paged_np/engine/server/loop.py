@@ -1,0 +1,263 @@
+"""The engine loop: one thread owns the LLM; the HTTP handlers talk to it by messages."""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from ...errors import InvalidArgument, PagedNPError
+from .metrics import ServerMetrics
+
+# ---------------------------------------------------------------------------
+# The engine loop: one thread owns the LLM; handlers talk to it by messages.
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Update:
+    """A request's state after a step, copied out of the engine's thread.
+
+    ``texts[j]``, ``num_tokens[j]`` and ``finish_reasons[j]`` describe sample
+    ``j``; ``error`` is set when the engine failed this request (HTTP 500).
+    """
+
+    texts: tuple
+    num_tokens: tuple
+    finish_reasons: tuple
+    prompt_tokens: int
+    cached_tokens: int
+    error: str | None = None
+    status: int = 500
+
+    @property
+    def finished(self) -> bool:
+        return self.error is not None or all(r is not None for r in self.finish_reasons)
+
+
+class _Stream:
+    """The loop's record of one request: where its updates go, and its timings."""
+
+    def __init__(self, aloop, q, n, prompt_tokens, arrival):
+        self.aloop, self.queue = aloop, q
+        self.arrival = arrival                       # when the handler submitted it
+        self.last_token = None
+        self.num_tokens = 0
+        self.last: Update | None = None              # the latest update sent
+        self.n, self.prompt_tokens = n, prompt_tokens
+
+    def push(self, update: Update) -> None:
+        self.last = update
+        # asyncio queues are not thread safe: hand the put to the event loop.
+        self.aloop.call_soon_threadsafe(self.queue.put_nowait, update)
+
+
+class EngineLoop:
+    """The one thread that drives ``llm.step()``.
+
+    Handlers call :meth:`submit` and :meth:`abort` (thread safe: they only
+    post to an inbox); the loop applies them between steps, steps while any
+    request is unfinished, and sleeps on an event when there is nothing to do.
+    """
+
+    def __init__(self, llm):
+        self.llm = llm
+        self.metrics = ServerMetrics()
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, _Stream] = {}
+        self._stopping = False
+        self._drain_deadline = 0.0
+        self._thread = threading.Thread(target=self._run, name="paged_np-engine", daemon=True)
+        self._update_gauges()
+
+    # ---- called from the HTTP side
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, request_id, prompt_ids, params, aloop, q) -> None:
+        self._inbox.put(("add", request_id, prompt_ids, params, aloop, q, time.perf_counter()))
+        self._wake.set()
+
+    def abort(self, request_id) -> None:
+        self._inbox.put(("abort", request_id))
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def begin_stop(self, drain_s: float = 0.0) -> None:
+        """Give in-flight requests ``drain_s`` seconds to finish; then abort the rest.
+
+        Aborted requests get a last update with ``finish_reason="abort"``, so
+        their streams end properly (``data: [DONE]``) instead of being cut.
+        """
+        if not self._stopping:
+            self._drain_deadline = time.monotonic() + drain_s
+            self._stopping = True
+        self._wake.set()
+
+    def stop(self, drain_s: float = 0.0) -> None:
+        """:meth:`begin_stop`, then wait for the loop to end."""
+        self.begin_stop(drain_s)
+        if self._thread.is_alive():
+            self._thread.join()
+
+    # ---- the loop itself
+    def _run(self) -> None:
+        while True:
+            self._apply_inbox()
+            if self._stopping and (not self._streams or time.monotonic() >= self._drain_deadline):
+                break
+            if not self.llm.has_unfinished_requests():
+                self._wake.wait(0.5)
+                self._wake.clear()
+                continue
+            self._step()
+            # Let the HTTP thread run between steps (the GIL is one lock for both):
+            # it turns waiting requests into engine requests, so they join the next
+            # step instead of trickling in one step at a time.
+            time.sleep(0)
+        for rid in list(self._streams):                  # shutting down: abort the rest
+            self._abort(rid, "abort")
+        self._update_gauges()
+
+    def _apply_inbox(self) -> None:
+        applied = False
+        while True:
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            applied = True
+            if msg[0] == "abort":
+                self._abort(msg[1], None)
+                continue
+            _, rid, prompt_ids, params, aloop, q, arrival = msg
+            stream = _Stream(aloop, q, params.n, len(prompt_ids), arrival)
+            try:
+                self.llm.add_request(rid, prompt_ids, params)
+            except PagedNPError as e:                    # refused: only this request fails
+                status = 400 if isinstance(e, InvalidArgument) else 500
+                stream.push(_error_update(stream, str(e), status))
+                continue
+            self._streams[rid] = stream
+            with self.metrics.lock:
+                self.metrics.counters["prompt_tokens_total"] += len(prompt_ids)
+        if applied:                                      # an abort frees pages: show it now
+            self._update_gauges()
+
+    def _abort(self, rid, reason) -> None:
+        """Drop a request (client gone, or shutdown); its pages go back to the pool."""
+        stream = self._streams.pop(rid, None)
+        if stream is None:
+            return
+        try:
+            self.llm.abort(rid)
+        except PagedNPError:
+            pass                                         # it had finished already
+        if reason is not None:                           # tell a client that is still there
+            u = stream.last or Update(("",) * stream.n, (0,) * stream.n, (None,) * stream.n,
+                                      stream.prompt_tokens, 0)
+            stream.push(dataclasses.replace(
+                u, finish_reasons=tuple(r or reason for r in u.finish_reasons)))
+        with self.metrics.lock:
+            self.metrics.finished["abort"] = self.metrics.finished.get("abort", 0) + 1
+
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            outs = self.llm.step()
+        except Exception as e:                           # noqa: BLE001 -- keep serving
+            # We cannot tell which request broke the step: fail those in flight, keep the loop.
+            for rid in list(self._streams):
+                stream = self._streams.pop(rid)
+                stream.push(_error_update(stream, f"engine error: {e!r}", 500))
+                with self.metrics.lock:
+                    self.metrics.finished["error"] = self.metrics.finished.get("error", 0) + 1
+                try:
+                    self.llm.abort(rid)
+                except Exception:                        # noqa: BLE001
+                    pass
+            self._update_gauges()
+            return
+        now = time.perf_counter()
+        m = self.metrics
+        deliveries: dict = {}                            # event loop -> [(queue, update)]
+        with m.lock:
+            m.counters["engine_steps_total"] += 1
+            m.step_time.observe(now - t0)
+            stepped = 0
+            for out in outs:
+                stream = self._streams.get(out.request_id)
+                if stream is None:                       # aborted while it stepped
+                    continue
+                update = _snapshot(out)
+                new = sum(update.num_tokens) - stream.num_tokens
+                if new > 0:
+                    stepped += 1
+                    m.counters["generation_tokens_total"] += new
+                    if stream.last_token is None:
+                        m.ttft.observe(now - stream.arrival)
+                    else:
+                        m.itl.observe(now - stream.last_token)
+                    stream.last_token, stream.num_tokens = now, sum(update.num_tokens)
+                stream.last = update
+                deliveries.setdefault(stream.aloop, []).append((stream.queue, update))
+                if update.finished:
+                    del self._streams[out.request_id]
+                    m.e2e.observe(now - stream.arrival)
+                    m.counters["prefix_cache_cached_tokens_total"] += update.cached_tokens
+                    reason = "error" if update.error else update.finish_reasons[0]
+                    m.finished[reason] = m.finished.get(reason, 0) + 1
+            if stepped:
+                m.step_requests.observe(stepped)
+        # One hand-over per event loop and step, not one per request: every wake-up
+        # of the HTTP thread costs a trip through the GIL.
+        for aloop, items in deliveries.items():
+            aloop.call_soon_threadsafe(_deliver, items)
+        self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        eng = self.llm.engine
+        sched, cache = eng.scheduler, eng.cache
+        pool, stats = cache.pool, cache.stats()
+        m = self.metrics
+        with m.lock:
+            g, c = m.gauges, m.counters
+            g["num_requests_running"] = len({id(r.parent) for r in sched.running})
+            g["num_requests_waiting"] = len({id(r.parent) for r in sched.waiting})
+            g["kv_pages_in_use"] = pool.num_in_use
+            g["kv_pages_total"] = cache.cfg.num_pages
+            g["kv_cache_usage_perc"] = pool.num_in_use / cache.cfg.num_pages
+            g["prefix_cache_hit_rate"] = stats["hit_rate"]
+            c["num_preemptions_total"] = sched.num_preemptions
+            c["kv_cache_evictions_total"] = stats["evictions"]
+
+
+def _snapshot(out) -> Update:
+    """An immutable copy of a RequestOutput (the engine thread keeps mutating its own)."""
+    outs = out.outputs
+    return Update(tuple(o.text for o in outs), tuple(len(o.token_ids) for o in outs),
+                  tuple(o.finish_reason for o in outs), len(out.prompt_token_ids),
+                  int(getattr(out, "num_cached_tokens", 0) or 0),
+                  getattr(out, "error", None) if any(o.finish_reason == "error" for o in outs)
+                  else None)
+
+
+def _deliver(items) -> None:
+    """On the event loop: put each update on its request's queue."""
+    for q, update in items:
+        q.put_nowait(update)
+
+
+def _error_update(stream: _Stream, message: str, status: int) -> Update:
+    return Update(("",) * stream.n, (0,) * stream.n, ("error",) * stream.n,
+                  stream.prompt_tokens, 0, message, status)
