@@ -23,10 +23,6 @@ from .loop import EngineLoop, Update
 from .metrics import ServerMetrics
 from .schemas import APIError, ChatCompletionRequest, CompletionRequest, _validation_error
 
-# ---------------------------------------------------------------------------
-# The app: handlers validate, enqueue, and read their request's queue.
-# ---------------------------------------------------------------------------
-
 
 class Server:
     """The handlers' view of one served model: validation and result reading."""

@@ -11,10 +11,6 @@ from dataclasses import dataclass
 from ...errors import InvalidArgument, PagedNPError
 from .metrics import ServerMetrics
 
-# ---------------------------------------------------------------------------
-# The engine loop: one thread owns the LLM; handlers talk to it by messages.
-# ---------------------------------------------------------------------------
-
 
 @dataclass(frozen=True)
 class Update:

@@ -1,16 +1,12 @@
 """The request bodies of the OpenAI-compatible server: OpenAI's field names, types and
-ranges as pydantic models, and errors in OpenAI's shape."""
+ranges as pydantic models, and errors in OpenAI's shape. Fields the server does not
+implement are refused by name rather than silently ignored."""
 
 from __future__ import annotations
 
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
-
-# ---------------------------------------------------------------------------
-# Request models: OpenAI's field names, types and ranges. Fields we do not
-# implement are refused by name rather than silently ignored.
-# ---------------------------------------------------------------------------
 
 
 class ChatMessage(BaseModel):
