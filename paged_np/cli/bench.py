@@ -27,6 +27,10 @@ instruction set: see :func:`isa_key`), ``results.md`` (one section per
 ``paged_np_out/bench/``; ``--out benchmarks`` replaces the repository's
 committed results, which is how they are made).
 Times are the best of several repeats (the least disturbed run).
+
+The limits are measured in :mod:`paged_np.cli.machine`, the tables and the
+figure written by :mod:`paged_np.cli.bench_report`; this module runs the
+cases (their names are importable from here too).
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ import argparse
 import functools
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -45,202 +48,21 @@ import numba
 import numpy as np
 
 from . import DEFAULT_OUT
+from .bench_report import plot, write_results_md, write_table
+from .machine import (
+    _best,
+    _cpu_model,
+    _settle,
+    fma_peak,
+    isa_info,
+    isa_key,
+    paged_reader,
+    stream_bandwidth,
+)
 
 # Shapes of the decode case the targets refer to (a Llama-3-8B-like layer).
 B, H, HKV, D, PAGE = 8, 32, 8, 128, 16
 
-
-def _best(fn, repeat: int, warmup: int = 1) -> float:
-    """Seconds of the fastest of ``repeat`` calls after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-@functools.cache
-def _readers():
-    """Two parallel Numba sums (compiled on first use, not cached on disk)."""
-    from numba import njit, prange
-
-    @njit(parallel=True, fastmath=True)
-    def psum(a, n_chunks):  # a contiguous array, read front to back
-        chunk = (a.size + n_chunks - 1) // n_chunks
-        parts = np.zeros(n_chunks, np.float32)
-        for c in prange(n_chunks):
-            part = a[c * chunk:min(a.size, (c + 1) * chunk)]
-            s = np.float32(0.0)
-            for i in range(part.size):  # from 0: LLVM vectorises this loop
-                s += part[i]
-            parts[c] = s
-        return parts.sum()
-
-    @njit(parallel=True, fastmath=True)
-    def paged_sum(k, v, tables, n_pages):  # the K/V tiles decode reads, in its order
-        B, Hkv = tables.shape[0], k.shape[1]
-        parts = np.zeros(B * Hkv, np.float32)
-        for w in prange(B * Hkv):
-            b, h = w // Hkv, w % Hkv
-            s = np.float32(0.0)
-            for j in range(n_pages):
-                kt, vt = k[tables[b, j], h], v[tables[b, j], h]  # [page_size, D] each
-                for t in range(kt.shape[0]):
-                    for d in range(kt.shape[1]):
-                        s += np.float32(kt[t, d]) + np.float32(vt[t, d])
-            parts[w] = s
-        return parts.sum()
-
-    return psum, paged_sum
-
-
-def stream_bandwidth(repeat: int = 5) -> float:
-    """Streaming read bandwidth in GB/s: a parallel Numba sum over 512 MiB."""
-    psum = _readers()[0]
-    a = _stream_buffer()
-    _settle()
-    t = _best(lambda: psum(a, 64), repeat)
-    return a.nbytes / t / 1e9
-
-
-@functools.cache
-def _stream_buffer():
-    return np.ones(512 * 2**20 // 4, np.float32)  # 512 MiB, allocated once
-
-
-#: Independent accumulators per thread tried by :func:`fma_peak`: 128 floats are
-#: 8 zmm or 16 ymm registers, 64 floats 4 zmm or 8 ymm (AVX2 has 16 registers).
-_FMA_WIDTHS = (64, 128)
-
-
-@functools.cache
-def _fma_kernel(width: int):
-    """``n`` rounds of ``acc = acc * a + b`` over ``width`` floats per chunk, chunks in parallel.
-
-    LLVM keeps ``acc`` in vector registers (the loop over ``width`` is unrolled
-    and vectorised: ``width / lanes`` independent FMA chains), so nothing but
-    the fused multiply-adds runs in the inner loop.
-    """
-    from numba import njit, prange
-
-    @njit(parallel=True, fastmath=True)
-    def fma_rounds(n, n_chunks, a, b):
-        out = np.zeros(n_chunks, np.float32)
-        for c in prange(n_chunks):
-            acc = np.empty(width, np.float32)
-            for i in range(width):
-                acc[i] = np.float32(i) * np.float32(1e-3)
-            for _ in range(n):
-                for i in range(width):
-                    acc[i] = acc[i] * a + b
-            s = np.float32(0.0)
-            for i in range(width):
-                s += acc[i]
-            out[c] = s
-        return out.sum()
-
-    return fma_rounds
-
-
-def fma_peak(repeat: int = 5) -> float:
-    """Peak float32 GFLOP/s of fused multiply-adds on all Numba threads (2 FLOP per FMA).
-
-    One chunk per thread, each with independent FMA chains held in registers;
-    the best of two chain counts (:data:`_FMA_WIDTHS`), since 16 AVX2
-    registers cannot hold as many as 32 AVX-512 ones.
-    """
-    threads = numba.get_num_threads()
-    a, b = np.float32(0.999), np.float32(1e-3)
-    best = 0.0
-    for width in _FMA_WIDTHS:
-        fn = _fma_kernel(width)
-        fn(10, threads, a, b)  # compile
-        n = 100_000_000 // width  # ~0.1 s per call at 100 GFLOP/s on 2 threads
-        t = _best(functools.partial(fn, n, threads, a, b), repeat, warmup=0)
-        best = max(best, 2 * width * n * threads / t / 1e9)
-    return best
-
-
-def _cpu_model() -> str:
-    """The CPU's model name (from /proc/cpuinfo on Linux)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _cpu_flags() -> set:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def isa_info() -> dict:
-    """What the CPU offers and what Numba compiles for.
-
-    ``cpu_isa`` comes from the CPU flags; ``codegen`` from the instructions
-    Numba generated for :func:`fma_peak`'s kernel: 512-bit ``zmm`` vectors,
-    256-bit ``ymm`` ones with the 32 registers of AVX-512VL (``ymm16``-``ymm31``:
-    LLVM's choice on Intel AVX-512 parts, which slow their clock on zmm code),
-    or 256-bit with the 16 registers of AVX2. ``NUMBA_CPU_NAME`` and
-    ``NUMBA_CPU_FEATURES`` change the latter, not the former (``NUMBA_CPU_NAME=haswell
-    NUMBA_CPU_FEATURES=''`` gives AVX2 code on an AVX-512 machine).
-    """
-    import re
-
-    import llvmlite.binding as ll
-    from numba.core import config
-
-    flags = _cpu_flags()
-    cpu_isa = ("AVX-512" if "avx512f" in flags else "AVX2" if {"avx2", "fma"} <= flags
-               else "SSE/other")
-    fn = _fma_kernel(_FMA_WIDTHS[-1])
-    fn(1, 1, np.float32(1.0), np.float32(0.0))
-    asm = "\n".join(fn.inspect_asm().values())
-    if re.search(r"%zmm", asm):
-        codegen = "AVX-512 (512-bit zmm)"
-    elif re.search(r"%ymm(1[6-9]|2\d|3[01])\b", asm):
-        codegen = "AVX-512VL (256-bit ymm, 32 registers)"
-    elif re.search(r"%ymm", asm):
-        codegen = "AVX2 (256-bit ymm, 16 registers)"
-    else:
-        codegen = "SSE (128-bit xmm)"
-    features = config.CPU_FEATURES
-    return {"cpu": _cpu_model(), "cpu_isa": cpu_isa,
-            "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "fma", "f16c"))),
-            "numba_cpu_name": config.CPU_NAME or ll.get_host_cpu_name(),
-            "numba_cpu_features": "host" if features is None else features,
-            "codegen": codegen}
-
-
-def isa_key(info: dict) -> str:
-    """A short name for the code Numba generates: ``avx512``, ``avx512vl``, ``avx2`` or ``sse``."""
-    return info["codegen"].split(" ")[0].lower().replace("-", "")
-
-
-def paged_reader(k, v, tables):
-    """A function that sums exactly the K/V tiles a decode step reads, in its order.
-
-    No arithmetic beyond the sum: its GB/s is the limit that the access
-    pattern itself (``page_size * head_dim`` contiguous values, then a jump
-    to another page) puts on decode.
-    """
-    paged_sum = _readers()[1]
-    if k.dtype == np.float16:  # Numba has no float16 arrays: sum the bits (same bytes)
-        k, v = k.view(np.uint16), v.view(np.uint16)
-    return functools.partial(paged_sum, k, v, tables, tables.shape[1])
 
 
 def make_decode_case(ctx: int, dtype, page_size: int = PAGE, seed: int = 0):
@@ -292,18 +114,6 @@ def _best_alternating(fns: dict, rounds: int, repeat: int) -> dict:
             _settle()
             best[name] = min(best[name], _best(fn, repeat, warmup=0))
     return best
-
-
-def _settle(seconds: float = 0.5) -> None:
-    """Let the machine calm down after the previous measurement.
-
-    OpenMP pools (Numba's ``omp`` layer, PyTorch's) and OpenBLAS keep their
-    threads busy-waiting for a while after each parallel call, and after the
-    512 MiB streaming read the next BLAS-heavy call ran 30% slower for up to
-    a second or two (measured; gone after a 2 s pause). On 2 cores either
-    would bias the comparison.
-    """
-    time.sleep(seconds)
 
 
 def bench_numba(cfg: dict, log) -> dict:
@@ -461,112 +271,6 @@ def compile_times(log) -> dict:
 
 #: backend name -> function(cfg, log) returning the results dict.
 BACKENDS = {"numba": bench_numba}
-
-
-def write_table(res: dict) -> str:
-    """The markdown section of one run: the machine, its two limits, then the tables."""
-    bw, peak = res["bandwidth_gbs"], res.get("fma_peak_gflops")
-    samples = res.get("bandwidth_samples_gbs", [bw])
-    isa, m = res.get("isa", {}), res.get("machine", {})
-    lines = [f"### {isa.get('codegen', 'unknown ISA')} code on {isa.get('cpu', m.get('cpu', '?'))}",
-             "", f"CPU flags: {isa.get('cpu_isa', '?')} ({' '.join(isa.get('cpu_flags', []))}); "
-             f"Numba target `{isa.get('numba_cpu_name', '?')}`"
-             + ("" if isa.get("numba_cpu_features", "host") == "host"
-                else f" with features `{isa['numba_cpu_features'] or '(none beyond the name)'}`")
-             + f"; {m.get('threads', '?')} threads, Numba {m.get('numba', '?')}, "
-             f"NumPy {m.get('numpy', '?')}, torch {m.get('torch') or '-'}"
-             + (", `--quick`" if m.get("quick") else "")
-             + (f"; load average {m['load_average'][0]:.1f} at the start, "
-                f"{m['load_average'][1]:.1f} at the end" if m.get("load_average") else "")
-             + ".", "",
-             f"Limits: streaming read **{bw:.1f} GB/s** (best of {len(samples)} reads in this "
-             f"run, median {np.median(samples):.1f}); FMA peak **"
-             + (f"{peak:.0f} GFLOP/s**" if peak else "-**") + " float32. "
-             f"Decode B={B}, heads {H}/{HKV}, head_dim {D}, page {PAGE}. *FLOP/B*: arithmetic "
-             "intensity (FLOP per byte of K/V read); *% of limit*: of the lower of "
-             "bandwidth and FMA peak / intensity (*limit* names it). *Paged read*: summing the "
-             "same K/V tiles in the same order, no attention arithmetic (the limit of the "
-             "access pattern).", "",
-             "| pages | context | ms | K/V GB/s | GFLOP/s | FLOP/B | limit | % of limit "
-             "| paged read GB/s | % of paged read | vs torch SDPA | vs NumPy kernel |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in res["decode"]:
-        vt = f"{r['speedup_vs_torch']:.2f}x" if "speedup_vs_torch" in r else "-"
-        vn = f"{r['speedup_vs_numpy']:.0f}x" if "speedup_vs_numpy" in r else "-"
-        lim = r.get("limit", "bandwidth")
-        lines.append(f"| {r['dtype']} | {r['context']} | {r['ms']:.2f} | {r['gbs']:.1f} | "
-                     f"{r.get('gflops', float('nan')):.1f} | {r.get('intensity', float('nan')):.0f}"
-                     f" | {lim} | {r.get('pct_limit', r['pct_bw']):.0f}% | "
-                     f"{r['paged_read_gbs']:.1f} | {r['pct_paged_read']:.0f}% | {vt} | {vn} |")
-    p = res["prefill"]
-    vt = f", {p['speedup_vs_torch']:.2f}x torch SDPA" if "speedup_vs_torch" in p else ""
-    lim = (f"; {p['intensity']:.0f} FLOP/B, {p['pct_limit']:.0f}% of the {p['limit']} limit"
-           if "pct_limit" in p else "")
-    lines += ["", f"Causal prefill, {p['tokens']} tokens: {p['ms']:.0f} ms, "
-              f"{p['gflops']:.1f} GFLOP/s{lim}{vt}.", "",
-              "| page size | ms | GB/s | paged read GB/s |", "|---|---|---|---|"]
-    lines += [f"| {r['page_size']} | {r['ms']:.2f} | {r['gbs']:.1f} | {r['paged_read_gbs']:.1f} |"
-              for r in res["page_sweep"]]
-    c = res["compile"]
-    lines += ["", f"JIT: cold compile of all kernels {c['cold_s']:.1f} s; import + first call "
-              f"with a warm cache {c['warm_s']:.2f} s."]
-    return "\n".join(lines) + "\n"
-
-
-def write_results_md(out_dir: str) -> str:
-    """``results.md``: one section per ISA measured, from the ``results-<isa>.json`` in ``out_dir``.
-
-    Each run of the bench rewrites the file of the code it ran
-    (:func:`isa_key`) and keeps the others, so one machine's AVX-512 run does
-    not erase another's AVX2 table.
-    """
-    names = sorted(f for f in os.listdir(out_dir)
-                   if f.startswith("results-") and f.endswith(".json"))
-    parts = ["Produced by `python -m paged_np bench`, one section per instruction set it ran "
-             "(`NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=` makes Numba emit AVX2 code on an "
-             "AVX-512 machine: *AVX2 codegen on an AVX-512 host*, not AVX2 hardware)."]
-    for name in names:
-        with open(os.path.join(out_dir, name)) as f:
-            parts.append(write_table(json.load(f)))
-    text = "\n\n".join(parts) + "\n"
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(text)
-    return text
-
-
-def plot(res: dict, path: str) -> None:
-    """The roofline (decode and prefill against both limits), and decode across page sizes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ..viz.kernels import draw_roofline
-
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    points = []
-    for r in res["decode"]:
-        nbytes = r["gbs"] * 1e9 * r["ms"] / 1e3  # K/V bytes per call
-        points.append({"label": f"decode {r['dtype']} ctx {r['context']}", "bytes": nbytes,
-                       "flops": nbytes * r["intensity"], "seconds": r["ms"] / 1e3})
-    p = res["prefill"]
-    points.append({"label": f"causal prefill {p['tokens']}", "seconds": p["ms"] / 1e3,
-                   "flops": p["gflops"] * 1e9 * p["ms"] / 1e3,
-                   "bytes": p["gflops"] * 1e9 * p["ms"] / 1e3 / p["intensity"]})
-    draw_roofline(points, res["bandwidth_gbs"] * 1e9, res["fma_peak_gflops"] * 1e9, ax=ax,
-                  title=f"{res['isa']['codegen']}: {res['bandwidth_gbs']:.1f} GB/s, "
-                        f"{res['fma_peak_gflops']:.0f} GFLOP/s")
-    ps = res["page_sweep"]
-    x = np.arange(len(ps))
-    ax2.bar(x - 0.2, [r["gbs"] for r in ps], 0.4, label="decode")
-    ax2.bar(x + 0.2, [r["paged_read_gbs"] for r in ps], 0.4, label="paged read")
-    ax2.axhline(res["bandwidth_gbs"], color="k", lw=1, label="streaming read bandwidth")
-    ax2.set_xticks(x, [str(r["page_size"]) for r in ps])
-    ax2.set(xlabel="page size", ylabel="GB/s", title="decode at 2048, float32")
-    ax2.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def parse_args(argv):
