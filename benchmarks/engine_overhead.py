@@ -25,7 +25,7 @@ SIZES = {
 
 
 def run(backend: str, size: str, seqs: int = 32, prompt_len: int = 128, decode: int = 64):
-    model = pnp.TinyLlama.random(SIZES[size], seed=0)
+    model = pnp.LlamaModel.random(SIZES[size], seed=0)
     rng = np.random.default_rng(0)
     engine = pnp.Engine(model, num_pages=seqs * 16, page_size=16, max_num_seqs=seqs,
                         max_num_batched_tokens=seqs * prompt_len, backend=backend)

@@ -47,10 +47,11 @@ from .errors import (
     SequenceTooLong,
     ShapeError,
     StalePage,
+    UnknownRequest,
     UnknownSequence,
 )
 from .models import load_model
-from .models.llama import LlamaModel, TinyLlama
+from .models.llama import LlamaModel
 from .models.tokenizer import IncrementalDetokenizer, Tokenizer
 
 __version__ = "0.1.0"
@@ -71,7 +72,6 @@ __all__ = [
     "paged_attention",
     # models
     "LlamaModel",
-    "TinyLlama",
     "load_model",
     "Tokenizer",
     "IncrementalDetokenizer",
@@ -98,6 +98,7 @@ __all__ = [
     "SequenceTooLong",
     "ShapeError",
     "StalePage",
+    "UnknownRequest",
     "UnknownSequence",
     "__version__",
 ]

@@ -40,6 +40,14 @@ class UnknownSequence(PagedNPError, LookupError):
     """A sequence id that the cache does not hold."""
 
 
+class UnknownRequest(PagedNPError, LookupError):
+    """A request id that the engine (or :class:`~paged_np.LLM`) is not running or holding.
+
+    Requests and sequences are different things: one request of ``n`` samples
+    runs as ``n`` sequences in the cache, so each has its own error.
+    """
+
+
 class InvalidBlockTable(PagedNPError, ValueError):
     """A block table that points outside the arena or has holes."""
 
@@ -99,6 +107,7 @@ __all__ = [
     "PagedNPError",
     "OutOfPages",
     "SequenceTooLong",
+    "UnknownRequest",
     "UnknownSequence",
     "InvalidBlockTable",
     "StalePage",

@@ -10,8 +10,8 @@ TINY = dict(vocab_size=128, hidden_size=64, num_layers=2, num_heads=4, num_kv_he
             head_dim=16, intermediate_size=128)
 
 
-def tiny_model(seed=0, **overrides) -> pnp.TinyLlama:
-    return pnp.TinyLlama.random(pnp.ModelConfig(**{**TINY, **overrides}), seed=seed)
+def tiny_model(seed=0, **overrides) -> pnp.LlamaModel:
+    return pnp.LlamaModel.random(pnp.ModelConfig(**{**TINY, **overrides}), seed=seed)
 
 
 def prompts(n, seed=0, system=None, low=3, high=30, vocab=128):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from paged_np.cli import demo
-from paged_np.models.llama import TinyLlama
+from paged_np.models.llama import LlamaModel
 
 ARGS = ["--model", "tiny", "--requests", "6", "--pages", "24", "--page-size", "8",
         "--backend", "numpy"]
@@ -21,7 +21,7 @@ def test_demo_serves_verifies_and_draws(tmp_path, capsys):
 
 
 def test_demo_exits_nonzero_when_a_request_differs(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(TinyLlama, "dense_generate", lambda self, p, n: [0] * n)
+    monkeypatch.setattr(LlamaModel, "dense_generate", lambda self, p, n: [0] * n)
     assert demo.main(ARGS + ["--out", str(tmp_path / "x.png")]) == 1
     assert "verified: 0/6" in capsys.readouterr().out
 
@@ -76,7 +76,7 @@ def test_compile_time_is_reported_apart_and_kept_out_of_tokens_per_s(tmp_path, c
     import re
     import time
 
-    real_forward = TinyLlama.forward
+    real_forward = LlamaModel.forward
     seconds = {}                                     # per cache: time in forward, no sleep
     slept = []
 
@@ -96,7 +96,7 @@ def test_compile_time_is_reported_apart_and_kept_out_of_tokens_per_s(tmp_path, c
             super().__init__(*args, **kwargs)
             engines.append(self)
 
-    monkeypatch.setattr(TinyLlama, "forward", forward)
+    monkeypatch.setattr(LlamaModel, "forward", forward)
     monkeypatch.setattr(demo, "Engine", Recording)
     assert demo.main(ARGS + ["--no-verify", "--out", str(tmp_path / "x.png")]) == 0
     text = capsys.readouterr().out

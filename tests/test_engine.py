@@ -152,7 +152,7 @@ def test_abort_frees_pages(model):
         done += engine.step()
     assert {o.request_id: o.finish_reason for o in done} == {a: "abort", b: "length"}
     assert engine.cache.stats()["num_in_use"] == 0
-    with pytest.raises(pnp.UnknownSequence, match="request_id"):
+    with pytest.raises(pnp.UnknownRequest, match="request_id"):
         engine.abort(a)
 
 

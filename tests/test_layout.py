@@ -81,7 +81,7 @@ def test_the_import_parser_sees_every_form(tmp_path, monkeypatch):
         "from .. import viz\n"
         "from .arena import Arena\n"
         "def f():\n"
-        "    from paged_np.models.llama import TinyLlama\n"
+        "    from paged_np.models.llama import LlamaModel\n"
     )
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     got = imported_modules(mod)

@@ -18,7 +18,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def model(tok):
-    return pnp.TinyLlama.random(pnp.ModelConfig(vocab_size=tok.vocab_size), seed=0)
+    return pnp.LlamaModel.random(pnp.ModelConfig(vocab_size=tok.vocab_size), seed=0)
 
 
 def make_llm(model, tok, **kw):
@@ -176,7 +176,7 @@ def test_step_api_and_abort(model, tok):
     assert {o.request_id for o in first} == {"a", "b"}
     assert all(len(o.outputs[0].token_ids) == 1 for o in first)
     llm.abort("b")
-    with pytest.raises(pnp.UnknownSequence, match="'b'"):
+    with pytest.raises(pnp.UnknownRequest, match="'b'"):
         llm.abort("b")
     done = []
     while llm.has_unfinished_requests():

@@ -25,7 +25,7 @@ def test_chat_streams_and_reuses_the_conversation(capsys):
     assert used == 0 and 0 < cached <= total                     # finished: pages stay cached
     # the streamed answers are exactly what the tokenizer decodes from the model's tokens
     tok = pnp.Tokenizer.tiny()
-    model = pnp.TinyLlama.random(pnp.ModelConfig(vocab_size=tok.vocab_size), seed=0)
+    model = pnp.LlamaModel.random(pnp.ModelConfig(vocab_size=tok.vocab_size), seed=0)
     prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Hello there"}]))
     ids = model.dense_generate(prompt, 6, tok.stop_token_ids)
     first = text.split("bot> ", 1)[1].split("\n[reused", 1)[0]

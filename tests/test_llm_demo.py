@@ -40,7 +40,7 @@ def test_demo_without_a_model_exits_1_with_the_reason(tmp_path, capsys):
 
 def test_verify_catches_a_wrong_token_and_a_wrong_ending():
     tok = pnp.Tokenizer.tiny()
-    model = pnp.TinyLlama.random(pnp.ModelConfig(vocab_size=tok.vocab_size), seed=0)
+    model = pnp.LlamaModel.random(pnp.ModelConfig(vocab_size=tok.vocab_size), seed=0)
     llm = pnp.LLM(model, tokenizer=tok, num_pages=32, backend="numpy", verbose=False)
     outs = llm.generate(["Hello", "The cache"], pnp.SamplingParams(max_tokens=6, temperature=0,
                                                                    ignore_eos=True))

@@ -1,4 +1,4 @@
-"""TinyLlama: the varlen paged forward equals the dense, cache-free truth."""
+"""LlamaModel: the varlen paged forward equals the dense, cache-free truth."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_random_is_seeded_and_save_load_round_trips(tmp_path):
     assert not np.array_equal(a.w["wq"], c.w["wq"])
     path = tmp_path / "tiny.npz"
     a.save(path)
-    d = pnp.TinyLlama.load(path)
+    d = pnp.LlamaModel.load(path)
     assert d.cfg == a.cfg
     assert all(np.array_equal(a.w[k], d.w[k]) for k in a.w)
     assert d.dense_generate([1, 2, 3], 4) == a.dense_generate([1, 2, 3], 4)
@@ -100,6 +100,6 @@ def test_bad_inputs_name_the_argument():
         model.dense_generate([1, 500], 3)
     with pytest.raises(pnp.ShapeError, match="wq"):
         w = dict(model.w, wq=model.w["wq"][:, :, :4])
-        pnp.TinyLlama(model.cfg, w)
+        pnp.LlamaModel(model.cfg, w)
     with pytest.raises(pnp.DTypeError, match="cfg"):
-        pnp.TinyLlama.random({"vocab_size": 3})
+        pnp.LlamaModel.random({"vocab_size": 3})

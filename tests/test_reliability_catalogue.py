@@ -32,6 +32,7 @@ from paged_np.errors import (
     SequenceTooLong,
     ShapeError,
     StalePage,
+    UnknownRequest,
     UnknownSequence,
 )
 
@@ -223,9 +224,9 @@ CATALOGUE = [
      InvalidArgument, "lse_b"),
     ("merge lse_a int", lambda w: merge(lse_a=np.zeros((2, 4), np.int64)), DTypeError, "lse_a"),
     # ---- model ----------------------------------------------------------------------------
-    ("TinyLlama.random cfg dict", lambda w: pnp.TinyLlama.random({"vocab_size": 8}),
+    ("LlamaModel.random cfg dict", lambda w: pnp.LlamaModel.random({"vocab_size": 8}),
      DTypeError, "cfg"),
-    ("TinyLlama missing weights", lambda w: pnp.TinyLlama(w.model.cfg, {}),
+    ("LlamaModel missing weights", lambda w: pnp.LlamaModel(w.model.cfg, {}),
      InvalidArgument, "weights"),
     ("dense_generate max_tokens 0", lambda w: w.model.dense_generate([1, 2], 0),
      InvalidArgument, "max_tokens"),
@@ -277,7 +278,7 @@ CATALOGUE = [
         [1], pnp.SamplingParams(n=3)), InvalidArgument, "SamplingParams.n"),
     ("add_request duplicate id", lambda w: w.engine.add_request([1], request_id="r0"),
      InvalidArgument, "request_id"),
-    ("abort unknown request", lambda w: w.engine.abort("nope"), UnknownSequence,
+    ("abort unknown request", lambda w: w.engine.abort("nope"), UnknownRequest,
      "request_id"),
     ("generate params count", lambda w: w.engine.generate([[1], [2]], [GREEDY]),
      InvalidArgument, "params"),

@@ -35,7 +35,7 @@ N_REQUESTS = 24          # size knob: requests in the streams below
 N_SIM = 200              # size knob: requests in the memory-breakdown simulation
 BACKEND = "numpy"        # the NumPy attention kernel: no compile time (notebook 6 is Numba's)
 
-model = pnp.TinyLlama.random(pnp.ModelConfig(), seed=0)
+model = pnp.LlamaModel.random(pnp.ModelConfig(), seed=0)
 print(model.cfg)
 
 # %% [markdown]

@@ -42,10 +42,10 @@ def make_llm(args):
 
     if args.model == "tiny":
         from ..config import ModelConfig
-        from ..models import TinyLlama, Tokenizer
+        from ..models import LlamaModel, Tokenizer
 
         tok = Tokenizer.tiny()
-        model = TinyLlama.random(ModelConfig(vocab_size=tok.vocab_size), seed=0)
+        model = LlamaModel.random(ModelConfig(vocab_size=tok.vocab_size), seed=0)
         return LLM(model, tokenizer=tok, kv_cache_memory=args.kv_cache_memory,
                    backend=args.backend)
     return LLM(args.model, kv_cache_memory=args.kv_cache_memory, backend=args.backend)

@@ -2,7 +2,7 @@
 
 Without ``--model tiny`` the demo serves a real model (:mod:`.demo_model`).
 
-A TinyLlama with seeded random weights serves a stream of requests that do
+A LlamaModel with seeded random weights serves a stream of requests that do
 not all fit in the cache at once. Half of them start with the same system
 prompt (prefix caching serves its pages once), requests arrive a few per step
 (continuous batching admits them as pages allow), and when the pool runs dry
@@ -13,7 +13,7 @@ the newest running request is preempted. At the end:
   split measure serving only;
 - a summary table (requests, generated tokens, tokens/s, peak pages, prefix
   hit rate, evictions, preemptions, time split);
-- a check of every request against ``TinyLlama.dense_generate`` (greedy, no
+- a check of every request against ``LlamaModel.dense_generate`` (greedy, no
   cache): its tokens, its length (``max_tokens``) and its finish reason
   (``"length"``): ``verified: N/N requests identical to the dense
   reference``; the exit status is 1 if any request differs or failed;
@@ -34,7 +34,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..engine.engine import ENGINE_BACKENDS, PREEMPTION_MODES, Engine
 from ..engine.sampling import SamplingParams
-from ..models.llama import TinyLlama
+from ..models.llama import LlamaModel
 from . import DEFAULT_OUT, make_parent
 
 
@@ -161,7 +161,7 @@ def main(argv: list[str]) -> int:
 
         return demo_model.main(argv)
     args = parse_args(argv)
-    model = TinyLlama.random(ModelConfig(), seed=args.seed)
+    model = LlamaModel.random(ModelConfig(), seed=args.seed)
     work = make_workload(args.requests, model.cfg.vocab_size, args.seed)
     engine = Engine(model, num_pages=args.pages, page_size=args.page_size, max_num_seqs=8,
                     max_num_batched_tokens=256, preemption_mode=args.preemption,

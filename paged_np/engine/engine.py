@@ -15,7 +15,7 @@ step, so the batch never waits for its longest member. A step is
    run out, admitting waiting requests when they are there);
 2. **build the batch**: concatenate the scheduled tokens, their positions and
    slots, ``query_start_loc``, and ask the cache for block tables and seq_lens;
-3. **run the model** (:meth:`TinyLlama.forward`) over the whole batch;
+3. **run the model** (:meth:`LlamaModel.forward`) over the whole batch;
 4. **post-process**: record the written tokens (``append_tokens``, which
    hashes full pages for prefix reuse), release pages a sliding window has
    left behind, sample the next token of every sequence that reached the end
@@ -40,8 +40,8 @@ import numpy as np
 from ..cache.kv_cache import PagedKVCache
 from ..checks import as_token_ids, check_int, check_positive_int
 from ..config import CacheConfig
-from ..errors import DTypeError, InvalidArgument, UnknownSequence
-from ..models.llama import ForwardBatch, TinyLlama
+from ..errors import DTypeError, InvalidArgument, UnknownRequest
+from ..models.llama import ForwardBatch, LlamaModel
 from .outputs import RequestOutput, SampleOutput
 from .sampling import SamplingParams, make_rng, sample_tokens
 from .schedule_policy import SCHEDULES
@@ -72,7 +72,7 @@ class Engine:
 
     Parameters
     ----------
-    model : TinyLlama
+    model : LlamaModel
     num_pages, page_size : the cache's size (the arena is allocated here, once).
     max_num_seqs : most sequences running at once.
     max_num_batched_tokens : most tokens in one step (prefill chunks + decodes).
@@ -94,8 +94,8 @@ class Engine:
                  eviction_policy: str = "lru", backend: str = "auto",
                  swap_pages: int | None = None, record_events: bool = False,
                  prefix_cache: str = "hash", schedule: str = "fcfs"):
-        if not isinstance(model, TinyLlama):
-            raise DTypeError(f"Engine: model must be a TinyLlama, got {type(model).__name__}")
+        if not isinstance(model, LlamaModel):
+            raise DTypeError(f"Engine: model must be a LlamaModel, got {type(model).__name__}")
         num_pages = check_positive_int("Engine: num_pages", num_pages)
         page_size = check_positive_int("Engine: page_size", page_size)
         self.max_num_seqs = check_positive_int("Engine: max_num_seqs", max_num_seqs)
@@ -185,7 +185,7 @@ class Engine:
         """Stop a request now; its pages go back to the pool."""
         parent = self._requests.get(request_id)
         if parent is None:
-            raise UnknownSequence(f"request_id {request_id!r} is not running or waiting")
+            raise UnknownRequest(f"request_id {request_id!r} is not running or waiting")
         for req in parent.reqs:
             self.scheduler.remove(req)
         self._finish_request(parent, "abort")
@@ -201,7 +201,7 @@ class Engine:
         for out in self._done:                   # finished, not yet handed back by step()
             if out.request_id == request_id:
                 return out
-        raise UnknownSequence(f"request_id {request_id!r} is not running or waiting")
+        raise UnknownRequest(f"request_id {request_id!r} is not running or waiting")
 
     def finish_sample(self, request_id, index: int, reason: str = "stop") -> None:
         """End one sample of a request now (a stop string seen by the caller).
@@ -211,7 +211,7 @@ class Engine:
         """
         parent = self._requests.get(request_id)
         if parent is None:
-            raise UnknownSequence(f"request_id {request_id!r} is not running or waiting")
+            raise UnknownRequest(f"request_id {request_id!r} is not running or waiting")
         for req in list(parent.reqs):
             if req.sample.index == index and not req.sample.finished:
                 self._finish_seq(req, reason)

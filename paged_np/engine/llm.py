@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from ..checks import check_int, check_positive_int
-from ..errors import DTypeError, InvalidArgument, UnknownSequence
+from ..errors import DTypeError, InvalidArgument, UnknownRequest
 from .engine import Engine
 from .outputs import RequestOutput
 from .sampling import SamplingParams
@@ -389,7 +389,7 @@ class LLM:
         """Stop a request now: its pages go back to the pool; it is not returned by step()."""
         tr = self._live.pop(request_id, None)
         if tr is None:
-            raise UnknownSequence(f"request_id {request_id!r} is not running or waiting")
+            raise UnknownRequest(f"request_id {request_id!r} is not running or waiting")
         if not tr.engine_out.finished:
             self.engine.abort(request_id)
 

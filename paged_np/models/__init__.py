@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DTypeError, ModelLoadError
-from .llama import ForwardBatch, LlamaModel, TinyLlama
+from .llama import ForwardBatch, LlamaModel
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 
@@ -78,5 +78,5 @@ def _return_freed_memory() -> None:
         pass
 
 
-__all__ = ["ForwardBatch", "LlamaModel", "TinyLlama", "Tokenizer", "IncrementalDetokenizer",
+__all__ = ["ForwardBatch", "LlamaModel", "Tokenizer", "IncrementalDetokenizer",
            "load_model"]

@@ -25,13 +25,13 @@ Two ways to run it:
 
 Everything computes in float32, and both paths share every function except
 attention, so greedy tokens from the engine equal ``dense_generate`` token
-for token (the weights of :meth:`TinyLlama.random` spread the logits so that
+for token (the weights of :meth:`LlamaModel.random` spread the logits so that
 float32 rounding does not flip an argmax).
 
 The same class runs a real checkpoint: :func:`paged_np.load_model` reads
 SmolLM2-135M-Instruct (GGUF or a Hugging Face directory) into a
 :class:`~paged_np.ModelConfig` and a dict of float32 arrays, and the model
-never knows where they came from. ``TinyLlama`` is the old name, kept.
+never knows where they came from.
 
 Weights are stored the way a batch-1 decode wants to stream them: ``[in, out]``
 row-major float32, with q, k and v fused into one ``[H, q+2kv]`` matrix and
@@ -112,7 +112,7 @@ class LlamaModel:
     Example
     -------
     >>> import paged_np as pnp
-    >>> model = pnp.TinyLlama.random(pnp.ModelConfig(), seed=0)
+    >>> model = pnp.LlamaModel.random(pnp.ModelConfig(), seed=0)
     >>> len(model.dense_generate([1, 2, 3], max_tokens=4))
     4
     """
@@ -332,5 +332,3 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
-#: The old name of :class:`LlamaModel` (the engine, the demo and the notebooks use it).
-TinyLlama = LlamaModel
