@@ -27,7 +27,7 @@ from .attention import AttentionMetadata, merge_attention_states, paged_attentio
 from .cache.eviction import EvictionPolicy, FIFOPolicy, LFUPolicy, LRUPolicy
 from .cache.kv_cache import BatchMetadata, Event, PagedKVCache
 from .cache.page_pool import PagePool
-from .config import CacheConfig, ModelConfig
+from .config import CacheConfig, EngineConfig, ModelConfig
 from .engine.engine import Engine
 from .engine.llm import LLM
 from .engine.sampling import SamplingParams
@@ -81,6 +81,7 @@ __all__ = [
     "SamplingParams",
     # configuration
     "CacheConfig",
+    "EngineConfig",
     "ModelConfig",
     # errors
     "BackendUnavailable",

@@ -16,11 +16,11 @@ Environment switches (read once, at import):
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from .checks import check_positive_int
+from .checks import check_int, check_positive_int
 from .errors import DTypeError, InvalidArgument
 
 # ---------------------------------------------------------------------------
@@ -38,16 +38,29 @@ JIT_OPTIONS = dict(cache=not BOUNDSCHECK, fastmath=True, nogil=True, boundscheck
 EVICTION_POLICIES = ("lru", "fifo", "lfu")
 PREFIX_CACHES = ("hash", "radix")
 KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+PREEMPTION_MODES = ("recompute", "swap")
+#: The order waiting requests are admitted in (see :mod:`paged_np.engine.schedule_policy`).
+SCHEDULES = ("fcfs", "lpm")
+
+
+def check_choice(name: str, value, choices) -> None:
+    """Raise InvalidArgument naming ``name`` unless ``value`` is one of ``choices``."""
+    if not isinstance(value, str) or value not in choices:
+        raise InvalidArgument(f"{name} must be one of {tuple(choices)}, got {value!r}")
 
 
 def _check_prefix_cache(prefix_cache, eviction_policy, owner: str) -> None:
-    if not isinstance(prefix_cache, str) or prefix_cache not in PREFIX_CACHES:
+    """Temporary: the page pool's old check, until the prefix index replaces it."""
+    check_choice(f"{owner}.prefix_cache", prefix_cache, PREFIX_CACHES)
+
+
+def check_eviction_policy(name: str, policy) -> None:
+    """A policy name, or a class (checked to be an EvictionPolicy when the cache makes it)."""
+    if not isinstance(policy, type) and not (isinstance(policy, str)
+                                             and policy in EVICTION_POLICIES):
         raise InvalidArgument(
-            f"{owner}.prefix_cache must be one of {PREFIX_CACHES}, got {prefix_cache!r}")
-    if prefix_cache == "radix" and eviction_policy != "lru":
-        raise InvalidArgument(
-            f"{owner}.eviction_policy={eviction_policy!r} is for the hash chain: "
-            "prefix_cache='radix' always evicts least recently used leaves (use 'lru')")
+            f"{name} must be one of {EVICTION_POLICIES} or an EvictionPolicy subclass, "
+            f"got {policy!r}")
 
 
 @dataclass(frozen=True)
@@ -89,16 +102,8 @@ class CacheConfig:
         if dt not in KV_DTYPES:
             raise DTypeError(f"CacheConfig.dtype must be float32 or float16, got {dt}")
         object.__setattr__(self, "dtype", dt)
-        from .cache.eviction import EvictionPolicy
-
-        policy = self.eviction_policy
-        is_class = isinstance(policy, type) and issubclass(policy, EvictionPolicy)
-        if not is_class and not (isinstance(policy, str) and policy in EVICTION_POLICIES):
-            raise InvalidArgument(
-                f"CacheConfig.eviction_policy must be one of {EVICTION_POLICIES} or an "
-                f"EvictionPolicy subclass, got {policy!r}"
-            )
-        _check_prefix_cache(self.prefix_cache, self.eviction_policy, "CacheConfig")
+        check_eviction_policy("CacheConfig.eviction_policy", self.eviction_policy)
+        check_choice("CacheConfig.prefix_cache", self.prefix_cache, PREFIX_CACHES)
 
     @property
     def arena_shape(self) -> tuple:
@@ -170,3 +175,151 @@ class ModelConfig:
             raise DTypeError("ModelConfig.tie_word_embeddings must be a bool, got "
                              f"{type(self.tie_word_embeddings).__name__}")
         object.__setattr__(self, "tie_word_embeddings", bool(self.tie_word_embeddings))
+
+
+# ---------------------------------------------------------------------------
+# The engine's options: one object, validated once, read by every entry point.
+# ---------------------------------------------------------------------------
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
+          "gb": 1000**3, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+
+
+def parse_bytes(value, name: str = "kv_cache_memory") -> int:
+    """``"256MiB"``, ``"1.5GB"``, ``"4096"`` or an int -> bytes (1 KiB = 1024, 1 KB = 1000)."""
+    import re
+
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", value)
+        if m is None or m.group(2).lower() not in _UNITS:
+            raise InvalidArgument(f"{name}: cannot read {value!r} as a size; write e.g. "
+                                  "'256MiB', '1GiB' or a number of bytes")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    else:
+        try:
+            n = check_int(name, value)
+        except DTypeError:
+            raise DTypeError(f"{name} must be a number of bytes or a str like '256MiB', got "
+                             f"{type(value).__name__}") from None
+    if n <= 0:
+        raise InvalidArgument(f"{name} must be > 0 bytes, got {value!r}")
+    return n
+
+
+def _option(default, help: str, **cli):
+    """A field of :class:`EngineConfig` with the help and choices its command-line flag shows."""
+    return field(default=default, metadata=dict(help=help, **cli))
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Every option of the serving engine, in one place (vLLM's ``EngineArgs``).
+
+    :class:`~paged_np.Engine`, :class:`~paged_np.LLM`, ``python -m paged_np
+    serve`` and every other command build one of these and nothing else: an
+    option added here reaches all of them, and each command's flags are made
+    from these fields (:func:`paged_np.cli.options.add_engine_args`), so a
+    field cannot lack a flag. Validated once, at construction; the shapes the
+    cache needs from a model come from :meth:`cache_config`.
+
+    Example
+    -------
+    >>> cfg = EngineConfig(num_pages=64, prefix_cache="radix", schedule="lpm")
+    >>> cfg.cache_config(ModelConfig()).bytes_per_page
+    16384
+    """
+
+    num_pages: int | None = _option(
+        None, "KV cache size in pages (instead of --kv-cache-memory)")
+    kv_cache_memory: int | str | None = _option(
+        None, "KV cache budget in bytes or like '256MiB' (the default when neither is given)")
+    page_size: int = _option(16, "tokens per page")
+    max_num_seqs: int = _option(8, "most sequences running at once")
+    max_num_batched_tokens: int = _option(
+        256, "most tokens in one step (prefill chunks plus decodes)")
+    preemption_mode: str = _option(
+        "recompute", "what a preempted request keeps: nothing, or its pages on the host",
+        choices=PREEMPTION_MODES)
+    swap_pages: int | None = _option(
+        None, "pages of host swap space for --preemption-mode swap (default: num_pages)")
+    schedule: str = _option(
+        "fcfs", "admission order: arrival, or longest cached prefix first", choices=SCHEDULES)
+    prefix_cache: str = _option(
+        "hash", "how cached prefixes are found: vLLM's hash chain or SGLang's radix tree",
+        choices=PREFIX_CACHES)
+    eviction_policy: object = _option(
+        "lru", "which cached page is evicted first", choices=EVICTION_POLICIES)
+    backend: str = _option("auto", "paged attention backend", choices="engine-backends")
+    record_events: bool = _option(False, "keep the cache's event log (for drawings)")
+
+    #: Used when neither num_pages nor kv_cache_memory is given.
+    DEFAULT_KV_CACHE_MEMORY = "256MiB"
+
+    def __post_init__(self):
+        from .registry import check_backend
+
+        if self.num_pages is not None and self.kv_cache_memory is not None:
+            raise InvalidArgument("EngineConfig: give num_pages or kv_cache_memory, not both")
+        if self.num_pages is not None:
+            object.__setattr__(self, "num_pages",
+                               check_positive_int("num_pages", self.num_pages))
+        if self.kv_cache_memory is not None:
+            parse_bytes(self.kv_cache_memory)
+        for name in ("page_size", "max_num_seqs", "max_num_batched_tokens"):
+            object.__setattr__(self, name, check_positive_int(name, getattr(self, name)))
+        check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        if self.swap_pages is not None:
+            object.__setattr__(self, "swap_pages", check_int("swap_pages", self.swap_pages, 0))
+        check_choice("schedule", self.schedule, SCHEDULES)
+        check_choice("prefix_cache", self.prefix_cache, PREFIX_CACHES)
+        check_eviction_policy("eviction_policy", self.eviction_policy)
+        check_backend(self.backend, "backend", engine=True)
+        if not isinstance(self.record_events, (bool, np.bool_)):
+            raise DTypeError(f"record_events must be a bool, got "
+                             f"{type(self.record_events).__name__}")
+
+    @classmethod
+    def from_options(cls, config: EngineConfig | None = None, /, **options) -> EngineConfig:
+        """``config`` with ``options`` replaced (a fresh default one when None).
+
+        Unknown option names are refused with the list of known ones.
+        """
+        import dataclasses
+
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise InvalidArgument(f"unknown engine option(s) {unknown}; the options are "
+                                  f"{sorted(known)}")
+        if config is None:
+            return cls(**options)
+        if not isinstance(config, cls):
+            raise DTypeError(f"config must be an EngineConfig, got {type(config).__name__}")
+        if "num_pages" in options and "kv_cache_memory" not in options:
+            options["kv_cache_memory"] = None       # one size replaces the other
+        if "kv_cache_memory" in options and "num_pages" not in options:
+            options["num_pages"] = None
+        return dataclasses.replace(config, **options)
+
+    def cache_config(self, model_cfg: ModelConfig, dtype=np.float32) -> CacheConfig:
+        """The arena for this model: its layers and heads, these pages.
+
+        The page count is ``num_pages``, or ``kv_cache_memory`` divided by the
+        bytes of one page, which :attr:`CacheConfig.bytes_per_page` alone computes.
+        """
+        shape = dict(page_size=self.page_size, num_layers=model_cfg.num_layers,
+                     num_kv_heads=model_cfg.num_kv_heads, head_dim=model_cfg.head_dim,
+                     dtype=dtype, eviction_policy=self.eviction_policy,
+                     prefix_cache=self.prefix_cache)
+        if self.prefix_cache == "radix" and model_cfg.sliding_window is not None:
+            raise InvalidArgument(
+                "prefix_cache='radix' with a sliding-window model is not supported: pages the "
+                "window releases would stay pinned under the live path; use 'hash'")
+        num_pages = self.num_pages
+        if num_pages is None:
+            budget = parse_bytes(self.kv_cache_memory or self.DEFAULT_KV_CACHE_MEMORY)
+            per_page = CacheConfig(num_pages=1, **shape).bytes_per_page
+            num_pages = budget // per_page
+            if num_pages < 1:
+                raise InvalidArgument(f"kv_cache_memory={self.kv_cache_memory!r} is less than "
+                                      f"one page ({per_page:,} bytes)")
+        return CacheConfig(num_pages=num_pages, **shape)

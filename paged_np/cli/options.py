@@ -1,0 +1,67 @@
+"""The engine's command-line flags, made from :class:`~paged_np.EngineConfig`'s fields.
+
+Every command that runs the engine (``serve``, ``chat``, ``demo``) calls
+:func:`add_engine_args` on its parser and :func:`engine_options` on what it
+parsed, so each field of the config is a flag everywhere (``prefix_cache``
+becomes ``--prefix-cache``, with the field's help and choices) and an option
+added to the config needs no change here. A command may give a field its
+own default (the server seats more sequences than the toy demo) and older
+spellings of a flag (``--pages`` for ``--num-pages``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from ..config import EngineConfig
+from ..registry import backend_names
+
+
+def flag(name: str) -> str:
+    """``max_num_seqs`` -> ``--max-num-seqs``."""
+    return "--" + name.replace("_", "-")
+
+
+def add_engine_args(parser: argparse.ArgumentParser, defaults: dict | None = None,
+                    aliases: dict | None = None) -> argparse._ArgumentGroup:
+    """Add one flag per :class:`EngineConfig` field to ``parser``; returns their group.
+
+    ``defaults`` overrides a field's default for this command; ``aliases``
+    maps a field to extra spellings of its flag (``{"num_pages": ["--pages"]}``).
+    """
+    defaults, aliases = defaults or {}, aliases or {}
+    unknown = set(defaults) | set(aliases)
+    unknown -= {f.name for f in dataclasses.fields(EngineConfig)}
+    if unknown:
+        raise ValueError(f"not EngineConfig fields: {sorted(unknown)}")
+    group = parser.add_argument_group("engine", "the paged cache and the scheduler "
+                                      "(paged_np.EngineConfig)")
+    for f in dataclasses.fields(EngineConfig):
+        default = defaults.get(f.name, f.default)
+        meta = dict(f.metadata)
+        names = [flag(f.name), *aliases.get(f.name, ())]
+        kw = dict(dest=f.name, default=default, help=f"{meta['help']} (default: {default})")
+        choices = meta.get("choices")
+        if choices == "engine-backends":
+            choices = backend_names(engine=True)
+        if choices is not None:
+            kw["choices"] = list(choices)
+        if isinstance(f.default, bool):
+            kw["action"] = argparse.BooleanOptionalAction
+        elif f.name == "kv_cache_memory" or choices is not None:
+            kw["type"] = str
+        else:
+            kw["type"] = int
+        group.add_argument(*names, **kw)
+    return group
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    """The :class:`EngineConfig` fields from parsed flags, as keyword arguments."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)}
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The :class:`EngineConfig` the parsed flags describe (validated)."""
+    return EngineConfig(**engine_options(args))
