@@ -149,6 +149,8 @@ class ModelConfig:
     sliding_window: int | None = None
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 2048
+    #: The model family (a key of :data:`paged_np.registry.ARCHITECTURES`): which class runs it.
+    architecture: str = "llama"
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
@@ -175,6 +177,9 @@ class ModelConfig:
             raise DTypeError("ModelConfig.tie_word_embeddings must be a bool, got "
                              f"{type(self.tie_word_embeddings).__name__}")
         object.__setattr__(self, "tie_word_embeddings", bool(self.tie_word_embeddings))
+        from .registry import ARCHITECTURES
+
+        check_choice("ModelConfig.architecture", self.architecture, tuple(ARCHITECTURES))
 
 
 # ---------------------------------------------------------------------------

@@ -67,17 +67,39 @@ def check_backend(name, owner: str = "backend", engine: bool = False) -> str:
     return name
 
 
-#: Architecture names found in checkpoints -> (module, class) of the model that runs them.
-#: GGUF files name the family (``general.architecture``), Hugging Face configs the class.
+@dataclass(frozen=True)
+class ArchitectureSpec:
+    """One model family: the class that runs it and the names checkpoints give it."""
+
+    model: tuple[str, str]                 # (module, class), imported on demand
+    gguf_names: tuple[str, ...] = ()       # GGUF ``general.architecture``
+    hf_names: tuple[str, ...] = ()         # Hugging Face ``config.json`` "architectures"
+
+
+#: Our name for a model family -> its spec. :func:`paged_np.load_model` builds
+#: ``model_class(cfg.architecture)``; each loader accepts only the names listed here.
 ARCHITECTURES = {
-    "llama": ("paged_np.models.llama", "LlamaModel"),              # GGUF
-    "LlamaForCausalLM": ("paged_np.models.llama", "LlamaModel"),   # Hugging Face
-    "MistralForCausalLM": ("paged_np.models.llama", "LlamaModel"),  # Llama with a window
+    "llama": ArchitectureSpec(("paged_np.models.llama", "LlamaModel"), gguf_names=("llama",),
+                              hf_names=("LlamaForCausalLM", "MistralForCausalLM")),
 }
 
 
+def architecture_for(checkpoint_name: str, fmt: str) -> str | None:
+    """Our family name for a checkpoint's own architecture name (``fmt``: "gguf" or "hf")."""
+    for family, spec in ARCHITECTURES.items():
+        if checkpoint_name in (spec.gguf_names if fmt == "gguf" else spec.hf_names):
+            return family
+    return None
+
+
+def supported_names(fmt: str) -> tuple[str, ...]:
+    """Every checkpoint architecture name a loader of ``fmt`` accepts."""
+    return tuple(n for s in ARCHITECTURES.values()
+                 for n in (s.gguf_names if fmt == "gguf" else s.hf_names))
+
+
 def model_class(architecture: str):
-    """The model class for a checkpoint's architecture name (imported on demand)."""
+    """The model class of a family in :data:`ARCHITECTURES` (imported on demand)."""
     import importlib
 
     from .errors import ModelLoadError
@@ -85,5 +107,5 @@ def model_class(architecture: str):
     if architecture not in ARCHITECTURES:
         raise ModelLoadError(f"architecture {architecture!r} is not supported (supported: "
                              f"{', '.join(ARCHITECTURES)})")
-    module, name = ARCHITECTURES[architecture]
+    module, name = ARCHITECTURES[architecture].model
     return getattr(importlib.import_module(module), name)

@@ -13,6 +13,10 @@ backend    module                                      what it is
 "auto"     cuda for device arrays, else numba if it imports, else numpy
 =========  ==========================================  =========================
 
+The table itself lives in :data:`paged_np.registry.ATTENTION_BACKENDS`, which the
+engine, the command line and ``info`` read too: a new backend is one module
+with a ``forward`` and one line there.
+
 The jitted backends do not check bounds (a bad page id there is a segfault, not
 an exception), which is why validation is complete and lives here, in one place:
 :func:`validate_paged_attention_inputs` returns the normalised arguments, in the
@@ -41,10 +45,11 @@ from ..errors import (  # BackendUnavailable: defined in errors, still importabl
     PagedNPError,
     ShapeError,
 )
+from ..registry import ATTENTION_BACKENDS, backend_names, check_backend
 from .split_k import merge_attention_states
 
-BACKENDS = ("numpy", "numba", "cuda", "auto")
-_MODULES = {"numpy": "numpy_paged", "numba": "numba_cpu", "cuda": "numba_cuda"}
+#: Every name ``paged_attention(backend=...)`` takes (the registry's backends, then "auto").
+BACKENDS = backend_names()
 _INT32_MAX = np.iinfo(np.int32).max
 
 
@@ -189,8 +194,7 @@ def paged_attention(q, k_pages, v_pages, block_tables=None, seq_lens=None,
     >>> out.shape
     (1, 2, 8)
     """
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise InvalidArgument(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_backend(backend)
     if not isinstance(return_lse, (bool, np.bool_)):
         raise DTypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     name = _resolve_backend(backend, q)
@@ -243,16 +247,16 @@ def load_backend(name: str):
     Raises :class:`BackendUnavailable` (an ``ImportError``) with the import's own
     message (for cuda it names the ``cuda`` install extra) when it cannot load.
     """
-    module = _MODULES[name]
+    module = ATTENTION_BACKENDS[name].module
     try:
-        return importlib.import_module(f"{__name__}.{module}")
+        return importlib.import_module(module)
     except PagedNPError as e:          # the module's own clear refusal: let it through
         _load_errors[name] = e
         raise
     except Exception as e:  # ImportError, numba/cuda driver errors, ...
         _load_errors[name] = e
         raise BackendUnavailable(
-            f"backend={name!r} is unavailable: paged_np.attention.{module} failed to "
+            f"backend={name!r} is unavailable: {module} failed to "
             f"import ({type(e).__name__}: {e})") from e
 
 

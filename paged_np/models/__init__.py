@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DTypeError, ModelLoadError
+from ..registry import model_class
 from .llama import ForwardBatch, LlamaModel
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -59,7 +60,7 @@ def load_model(name_or_path, dtype=np.float32) -> tuple[LlamaModel, Tokenizer]:
     else:
         raise ModelLoadError(f"{name_or_path!r}: no such file or directory, and not a known "
                              f"model name (known: {', '.join(KNOWN_MODELS)})")
-    model = LlamaModel(cfg, weights)
+    model = model_class(cfg.architecture)(cfg, weights)           # the registry's table
     del weights                                                  # the model holds its own copy
     _return_freed_memory()
     return model, tokenizer

@@ -47,13 +47,14 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import InvalidArgument, ModelLoadError
+from ..registry import architecture_for, supported_names
 from .tokenizer import Tokenizer
 
 #: Tensor types this loader dequantizes (each tested on a file the tests write).
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
 
-#: Architectures whose tensors follow Llama's layout.
-SUPPORTED_ARCHITECTURES = ("llama",)
+#: GGUF architecture names with a model here (from :data:`paged_np.registry.ARCHITECTURES`).
+SUPPORTED_ARCHITECTURES = supported_names("gguf")
 
 #: GGUF tensor name -> our weight name. ``blk.N.`` tensors go to layer ``N`` of a
 #: stacked ``[num_layers, ...]`` array.
@@ -161,6 +162,7 @@ def config_from_gguf(reader, tensor_names: set) -> ModelConfig:
         sliding_window=int(window) if window else None,
         tie_word_embeddings="output.weight" not in tensor_names,
         max_position_embeddings=int(_field(reader, f"{arch}.context_length", default=2048)),
+        architecture=architecture_for(arch, "gguf"),
     )
 
 

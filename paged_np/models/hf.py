@@ -28,10 +28,12 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelLoadError
+from ..registry import architecture_for, supported_names
 from .gguf import to_in_out
 from .tokenizer import Tokenizer
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+#: config.json architecture names with a model here (from :data:`paged_np.registry.ARCHITECTURES`).
+SUPPORTED_ARCHITECTURES = supported_names("hf")
 
 #: Hugging Face tensor name -> our weight name; ``model.layers.N.`` names go to
 #: layer ``N`` of a stacked array.
@@ -79,6 +81,7 @@ def config_from_hf(cfg: dict, where: Path) -> ModelConfig:
             sliding_window=cfg.get("sliding_window") or None,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            architecture=architecture_for(archs[0], "hf"),
         )
     except KeyError as e:
         raise ModelLoadError(f"{where}: config.json lacks {e}") from e
