@@ -28,9 +28,11 @@ instruction set: see :func:`isa_key`), ``results.md`` (one section per
 committed results, which is how they are made).
 Times are the best of several repeats (the least disturbed run).
 
-The limits are measured in :mod:`paged_np.cli.machine`, the tables and the
-figure written by :mod:`paged_np.cli.bench_report`; this module runs the
-cases (their names are importable from here too).
+The layers, each importing only those below it: :mod:`paged_np.cli.machine`
+measures the limits, :mod:`paged_np.cli.bench_case` makes the decode case,
+:mod:`paged_np.cli.bench_report` writes the tables and the figure; this module
+runs the cases on top of them (their names are importable from here too), and
+hands ``--model`` to :mod:`paged_np.cli.bench_serving`.
 """
 
 from __future__ import annotations
@@ -48,34 +50,18 @@ import numba
 import numpy as np
 
 from . import DEFAULT_OUT
+from .bench_case import HKV, PAGE, B, D, H, make_decode_case
 from .bench_report import plot, write_results_md, write_table
 from .machine import (
-    _best,
-    _cpu_model,
-    _settle,
+    best_time,
+    cpu_model,
     fma_peak,
     isa_info,
     isa_key,
     paged_reader,
+    settle,
     stream_bandwidth,
 )
-
-# Shapes of the decode case the targets refer to (a Llama-3-8B-like layer).
-B, H, HKV, D, PAGE = 8, 32, 8, 128, 16
-
-
-
-def make_decode_case(ctx: int, dtype, page_size: int = PAGE, seed: int = 0):
-    """Arrays of one decode step: B sequences of ``ctx`` tokens, shuffled pages."""
-    rng = np.random.default_rng(seed)
-    n_pages = -(-ctx // page_size)
-    k = rng.standard_normal((B * n_pages, HKV, page_size, D), np.float32).astype(dtype)
-    v = rng.standard_normal((B * n_pages, HKV, page_size, D), np.float32).astype(dtype)
-    tables = rng.permutation(B * n_pages).reshape(B, n_pages).astype(np.int32)
-    q = rng.standard_normal((B, H, D), np.float32)
-    seq_lens = np.full(B, ctx, np.int32)
-    qsl = np.arange(B + 1, dtype=np.int32)
-    return q, k, v, tables, seq_lens, qsl
 
 
 def _torch_decode(q, k, v, tables, seq_lens):
@@ -111,8 +97,8 @@ def _best_alternating(fns: dict, rounds: int, repeat: int) -> dict:
     best = {name: float("inf") for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            _settle()
-            best[name] = min(best[name], _best(fn, repeat, warmup=0))
+            settle()
+            best[name] = min(best[name], best_time(fn, repeat, warmup=0))
     return best
 
 
@@ -126,7 +112,7 @@ def bench_numba(cfg: dict, log) -> dict:
     res["isa"] = isa_info()
     log(f"CPU {res['isa']['cpu']} ({res['isa']['cpu_isa']}); Numba target "
         f"{res['isa']['numba_cpu_name']}, code: {res['isa']['codegen']}")
-    _settle()
+    settle()
     peak = res["fma_peak_gflops"] = fma_peak(cfg["repeat"])
     log(f"FMA peak: {peak:.1f} GFLOP/s float32 on {numba.get_num_threads()} threads")
     bws = [stream_bandwidth(cfg["repeat"])]  # re-measured between cases; the best counts
@@ -153,7 +139,7 @@ def bench_numba(cfg: dict, log) -> dict:
             if "torch" in best:
                 row["torch_ms"], row["speedup_vs_torch"] = best["torch"] * 1e3, best["torch"] / t
             if np_forward is not None and ctx <= cfg["numpy_max_ctx"]:
-                tn = _best(functools.partial(np_forward, *case, scale, 0, False), 1)
+                tn = best_time(functools.partial(np_forward, *case, scale, 0, False), 1)
                 row["numpy_ms"], row["speedup_vs_numpy"] = tn * 1e3, tn / t
             res["decode"].append(row)
             # The VM's bandwidth drifts (35-59 GB/s within one run was seen): keep the
@@ -212,7 +198,7 @@ def bench_prefill(cfg: dict, log) -> dict:
     sl, qsl = np.array([T], np.int32), np.array([0, T], np.int32)
     flops = 4.0 * H * D * T * (T + 1) / 2  # 2 matmuls x 2 flops per multiply-add
     nbytes = 4 * (2 * T * H * D + 2 * T * HKV * D)  # read q, k, v and write out once
-    _settle(2.0)
+    settle(2.0)
     fns = {"numba": lambda: numba_cpu.forward(q, k, v, bt, sl, qsl, D**-0.5, 0, False)}
     if cfg["torch"] is not None:
         import torch
@@ -238,7 +224,7 @@ def bench_prefill(cfg: dict, log) -> dict:
 _PROBE = """
 import time, numpy as np
 t0 = time.perf_counter()
-from paged_np.cli.bench import make_decode_case
+from paged_np.cli.bench_case import make_decode_case
 from paged_np.attention import numba_cpu
 for dt in (np.float32, np.float16):  # every kernel, both page dtypes
     q, k, v, bt, sl, qsl = make_decode_case(32, dt)
@@ -308,7 +294,7 @@ def main(argv: list[str]) -> int:
 
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     res = BACKENDS[args.backend](cfg, log)
-    res["machine"] = {"cpu": _cpu_model(),
+    res["machine"] = {"cpu": cpu_model(),
                       "threads": numba.get_num_threads(), "numba": numba.__version__,
                       "numpy": np.__version__, "torch": getattr(torch, "__version__", None),
                       "quick": args.quick, "backend": args.backend,

@@ -12,7 +12,10 @@ BLAS and Numba thread counts pinned (see :mod:`paged_np.models.blas`), and
 returns tokens/s and its fraction of the bound. The read bandwidth is the
 faster of two streaming reads at the same thread count: a Numba sum over
 512 MiB and a BLAS matrix-vector product over a 256 MiB matrix (the
-operation decode is made of). With ``peer=True`` it times
+operation decode is made of). The decode is a request served by the
+:class:`~paged_np.Engine` (``add_request``, then one ``step`` per token), so
+a step's time is what the engine delivers, not a hand-built forward pass.
+With ``peer=True`` it times
 transformers' ``LlamaForCausalLM`` on the same weights (float32, KV cache,
 same threads) in alternation, when torch is installed.
 
@@ -33,10 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cache.kv_cache import PagedKVCache
-from ..config import CacheConfig
 from ..models.blas import pinned_threads
-from ..models.llama import ForwardBatch
+from .machine import stream_bandwidth
 
 
 def weight_bytes_per_token(model) -> int:
@@ -60,39 +61,44 @@ def gemv_bandwidth(repeat: int = 5, mib: int = 256) -> float:
 def read_bandwidth(repeat: int = 5) -> float:
     """Streaming read bandwidth (GB/s) at the current thread count: the faster of a
     Numba sum over 512 MiB and a BLAS matrix-vector product over 256 MiB."""
-    from .bench import stream_bandwidth
-
     return max(stream_bandwidth(repeat), gemv_bandwidth(repeat))
 
 
-def _decode_steps(model, prompt_ids, n_tokens: int, backend: str, page_size: int = 16):
-    """Prefill ``prompt_ids`` through the paged cache, then time ``n_tokens`` greedy
-    decode steps one by one; returns the seconds of each step."""
-    cfg = model.cfg
-    total = len(prompt_ids) + n_tokens
-    cache = PagedKVCache(CacheConfig(num_pages=total // page_size + 2, page_size=page_size,
-                                     num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads,
-                                     head_dim=cfg.head_dim))
-    cache.add_sequence(0, list(prompt_ids))
-    new, times, start = list(prompt_ids), [], 0                 # start: tokens in the cache
-    for step in range(n_tokens + 1):                              # step 0 is the prefill
+def decode_step_times(model, prompt_ids, n_tokens: int, backend: str,
+                      page_size: int = 16) -> list[float]:
+    """Seconds of each of ``n_tokens`` greedy decode steps after ``prompt_ids``.
+
+    The request goes through the engine's own step API, as a served request
+    does: :meth:`Engine.add_request`, then :meth:`Engine.step` once for the
+    prefill (not timed: it also samples the first token) and once per timed
+    decode step. So each time is one whole engine step at batch 1 (schedule,
+    the model's forward over the paged cache, sample), the latency a user of
+    the engine sees per token; the model dominates it (the engine's own
+    share is ``benchmarks/engine_overhead.py``'s business).
+    """
+    from ..engine.engine import Engine
+    from ..engine.sampling import SamplingParams
+
+    total = len(prompt_ids) + n_tokens + 1
+    engine = Engine(model, num_pages=total // page_size + 2, page_size=page_size,
+                    max_num_seqs=1, max_num_batched_tokens=max(len(prompt_ids), 1),
+                    backend=backend)
+    engine.add_request(list(prompt_ids), SamplingParams(max_tokens=n_tokens + 1,
+                                                        temperature=0.0))
+    engine.step()                                                 # the prefill
+    times = []
+    for _ in range(n_tokens):
         t0 = time.perf_counter()
-        slots = cache.allocate_slots(0, len(new))
-        meta = cache.batch([0])
-        batch = ForwardBatch(np.asarray(new, np.int64),
-                             np.arange(start, start + len(new), dtype=np.int64), slots,
-                             np.array([0, len(new)], np.int32), meta.block_tables,
-                             meta.seq_lens, np.array([len(new) - 1], np.int64))
-        logits = model.forward(batch, cache, backend=backend)    # [1, V]
-        cache.append_tokens(0, new)
-        start += len(new)
-        new = [int(np.argmax(logits[0]))]
-        if step:
-            times.append(time.perf_counter() - t0)
+        engine.step()                                             # one decode step
+        times.append(time.perf_counter() - t0)
+    if engine.has_unfinished_requests():                          # max_tokens ends it
+        from ..errors import PagedNPError
+
+        raise PagedNPError("bench_model: the request outlived its max_tokens")
     return times
 
 
-def _hf_peer(model):
+def hf_peer(model):
     """transformers' ``LlamaForCausalLM`` on ``model``'s weights (float32, eager
     attention), or None when torch or transformers is not installed."""
     try:
@@ -142,10 +148,10 @@ def measure_decode(model, prompt_len: int = 64, n_tokens: int = 16, threads: int
     """
     rng = np.random.default_rng(seed)
     prompt = rng.integers(3, model.cfg.vocab_size, prompt_len).tolist()
-    hf = _hf_peer(model) if peer else None
+    hf = hf_peer(model) if peer else None
     ours, theirs, best_bw = [], [], 0.0
     with pinned_threads(threads):
-        _decode_steps(model, prompt[:8], 2, backend)              # compile, warm the caches
+        decode_step_times(model, prompt[:8], 2, backend)          # compile, warm the caches
         if hf is not None:
             import torch
 
@@ -154,7 +160,7 @@ def measure_decode(model, prompt_len: int = 64, n_tokens: int = 16, threads: int
             _hf_decode_steps(hf, prompt[:8], 2)
         try:
             for _ in range(rounds):
-                ours.append(_decode_steps(model, prompt, n_tokens, backend))
+                ours.append(decode_step_times(model, prompt, n_tokens, backend))
                 if hf is not None:
                     theirs.append(_hf_decode_steps(hf, prompt, n_tokens))
                 if bandwidth:

@@ -1,6 +1,6 @@
 """The bench's report: the markdown tables of ``results.md`` (one section per instruction
 set measured) and the roofline figure, from the results of
-:func:`paged_np.cli.bench.bench_numba`."""
+:func:`paged_np.cli.bench.bench_numba` (which imports this module, never the reverse)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import os
 
 import numpy as np
 
+from .bench_case import HKV, PAGE, B, D, H
+
 
 def write_table(res: dict) -> str:
     """The markdown section of one run: the machine, its two limits, then the tables."""
-    from .bench import HKV, PAGE, B, D, H  # the decode case's shape (bench imports us)
     bw, peak = res["bandwidth_gbs"], res.get("fma_peak_gflops")
     samples = res.get("bandwidth_samples_gbs", [bw])
     isa, m = res.get("isa", {}), res.get("machine", {})

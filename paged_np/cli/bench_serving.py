@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
     from ..engine.llm import LLM
     from ..models import load_model
     from ..models.blas import pinned_threads
-    from .bench_model import _hf_peer, measure_decode
+    from .bench_model import hf_peer, measure_decode
 
     ap = argparse.ArgumentParser(prog="python -m paged_np bench --model NAME",
                                  description=__doc__.split("\n")[0])
@@ -128,7 +128,7 @@ def main(argv: list[str]) -> int:
             import torch
 
             torch.set_num_threads(args.threads)
-            hf = _hf_peer(model)
+            hf = hf_peer(model)
             theirs = serve_transformers(hf, work, args.batch, tok.eos_token_id)
     m = llm.engine.metrics
     rows += [f"| serving {len(work)} requests ({tokens} tokens) | seconds | tokens/s |",

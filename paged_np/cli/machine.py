@@ -5,8 +5,10 @@ and its peak of fused multiply-adds, with the instruction set Numba compiles for
 (independent multiply-add chains on every thread, in the vector width of the
 target), :func:`isa_info` (what the CPU has and what Numba emits for it), and
 :func:`paged_reader` (the same K/V tiles decode reads, summed in its order: the
-limit of the access pattern). ``python -m paged_np bench`` reports every kernel
-against these; :mod:`paged_np.cli.bench_model` reuses the read.
+limit of the access pattern), with the timing helpers every benchmark here
+shares (:func:`best_time`, :func:`settle`). ``python -m paged_np bench`` reports
+every kernel against these; :mod:`paged_np.cli.bench_model` reuses the read.
+Nothing here imports another module of the bench: it is the bottom layer.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numba
 import numpy as np
 
 
-def _best(fn, repeat: int, warmup: int = 1) -> float:
+def best_time(fn, repeat: int, warmup: int = 1) -> float:
     """Seconds of the fastest of ``repeat`` calls after ``warmup`` calls."""
     for _ in range(warmup):
         fn()
@@ -70,8 +72,8 @@ def stream_bandwidth(repeat: int = 5) -> float:
     """Streaming read bandwidth in GB/s: a parallel Numba sum over 512 MiB."""
     psum = _readers()[0]
     a = _stream_buffer()
-    _settle()
-    t = _best(lambda: psum(a, 64), repeat)
+    settle()
+    t = best_time(lambda: psum(a, 64), repeat)
     return a.nbytes / t / 1e9
 
 
@@ -128,12 +130,12 @@ def fma_peak(repeat: int = 5) -> float:
         fn = _fma_kernel(width)
         fn(10, threads, a, b)  # compile
         n = 100_000_000 // width  # ~0.1 s per call at 100 GFLOP/s on 2 threads
-        t = _best(functools.partial(fn, n, threads, a, b), repeat, warmup=0)
+        t = best_time(functools.partial(fn, n, threads, a, b), repeat, warmup=0)
         best = max(best, 2 * width * n * threads / t / 1e9)
     return best
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     """The CPU's model name (from /proc/cpuinfo on Linux)."""
     try:
         with open("/proc/cpuinfo") as f:
@@ -187,7 +189,7 @@ def isa_info() -> dict:
     else:
         codegen = "SSE (128-bit xmm)"
     features = config.CPU_FEATURES
-    return {"cpu": _cpu_model(), "cpu_isa": cpu_isa,
+    return {"cpu": cpu_model(), "cpu_isa": cpu_isa,
             "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "fma", "f16c"))),
             "numba_cpu_name": config.CPU_NAME or ll.get_host_cpu_name(),
             "numba_cpu_features": "host" if features is None else features,
@@ -212,7 +214,7 @@ def paged_reader(k, v, tables):
     return functools.partial(paged_sum, k, v, tables, tables.shape[1])
 
 
-def _settle(seconds: float = 0.5) -> None:
+def settle(seconds: float = 0.5) -> None:
     """Let the machine calm down after the previous measurement.
 
     OpenMP pools (Numba's ``omp`` layer, PyTorch's) and OpenBLAS keep their
