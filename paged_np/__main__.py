@@ -18,7 +18,7 @@ COMMANDS = {
                     "a narrated tour of the cache: prefixes, forks, eviction"),
     "bench": ("paged_np.cli.bench",
               "benchmark the attention kernels against bandwidth and PyTorch"),
-    "simulate": ("paged_np.sim.simulate", "reproduce the vLLM paper's memory-waste figures"),
+    "simulate": ("paged_np.cli.simulate", "reproduce the vLLM paper's memory-waste figures"),
     "serve": ("paged_np.cli.serve", "an OpenAI-compatible HTTP server over the engine"),
     "info": ("paged_np.cli.info", "versions, backends and the machine"),
 }

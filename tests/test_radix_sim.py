@@ -23,7 +23,7 @@ def test_one_at_a_time_with_room_for_everything_reaches_the_optimal_hit_rate(pre
 
 
 def test_branching_children_wait_for_their_parent():
-    trace, parent = prefix.branching_trace(np.random.default_rng(1), num_problems=2, branch=2)
+    trace, parent = workloads.branching_trace(np.random.default_rng(1), num_problems=2, branch=2)
     assert len(trace) == 2 * (2 + 4)
     for i, p in enumerate(parent):
         if p >= 0:
@@ -34,7 +34,7 @@ def test_branching_children_wait_for_their_parent():
 
 @pytest.mark.parametrize("schedule", ["fcfs", "lpm"])
 def test_small_cache_run_keeps_the_cache_consistent(schedule):
-    trace, parent = prefix.branching_trace(np.random.default_rng(2), num_problems=3)
+    trace, parent = workloads.branching_trace(np.random.default_rng(2), num_problems=3)
     for pc in ("hash", "radix"):
         res = prefix.serve(trace, parent, pc, schedule, num_pages=60, page_size=16)
         assert 0 < res["hit_rate"] <= max_reusable_fraction(trace, 16) + 1e-12

@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from paged_np.cli import simulate as simulate_cli
 from paged_np.errors import InvalidArgument
 from paged_np.sim import simulate as sim
 from paged_np.sim import workloads as wl
@@ -189,7 +190,7 @@ def test_json_schema(tiny_runs):
 def test_main_writes_json_and_plot(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sim.SIZES, True, TINY)
     js, png = tmp_path / "r.json", tmp_path / "r.png"
-    assert sim.main(["--quick", "--seed", "1", "--json", str(js), "--plot", str(png)]) == 0
+    assert simulate_cli.main(["--quick", "--seed", "1", "--json", str(js), "--plot", str(png)]) == 0
     assert "memory breakdown" in capsys.readouterr().out
     assert json.loads(js.read_text())["seed"] == 1
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

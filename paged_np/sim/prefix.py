@@ -42,9 +42,6 @@ whole page an earlier request wrote.
 
 from __future__ import annotations
 
-import json
-import time
-
 import numpy as np
 
 from ..cache.kv_cache import PagedKVCache
@@ -65,71 +62,16 @@ DECODE_CHUNK = 8        # tokens each running request writes per step (keeps the
 
 
 # -------------------------------------------------------------------- traces
-def branching_trace(rng: np.random.Generator, num_problems: int = 12, branch: int = 3,
-                    problem_len: tuple = (150, 400), thought_mean: float = 60.0,
-                    prompt_extra: int = 12) -> tuple[list, list]:
-    """Tree of thought: ``branch`` thoughts per problem, ``branch`` follow-ups per thought.
-
-    Returns ``(requests, parent)``: ``parent[i]`` is the request whose output
-    request ``i``'s prompt extends (it can start only after that one
-    finishes), or -1. Thoughts have log-normal lengths (sigma 0.6).
-    """
-    mu = wl.solve_mu(thought_mean, 0.6, 1.0, 512.0)
-
-    def thought():
-        return wl._tokens(rng, int(np.clip(np.rint(rng.lognormal(mu, 0.6)), 1, 512)))
-
-    reqs, parent = [], []
-    for p in range(num_problems):
-        problem = wl._tokens(rng, int(rng.integers(problem_len[0], problem_len[1] + 1)))
-        firsts = []
-        for _ in range(branch):
-            firsts.append(len(reqs))
-            reqs.append(wl.Request(len(reqs), problem, thought(), f"problem{p}"))
-            parent.append(-1)
-        for f in firsts:
-            r = reqs[f]
-            base = np.concatenate([r.prompt, r.output, wl._tokens(rng, prompt_extra)])
-            for _ in range(branch):
-                reqs.append(wl.Request(len(reqs), base, thought(), f"problem{p}"))
-                parent.append(f)
-    return reqs, parent
-
-
-def system_prompt_trace(rng: np.random.Generator, num_requests: int = 160, num_systems: int = 3,
-                        system_len: tuple = (600, 1000), question: tuple = (10, 80),
-                        answer: tuple = (20, 120)) -> list:
-    """Long shared system prompts (Zipf(1) popularity) + a short question each."""
-    systems = [wl._tokens(rng, int(rng.integers(*system_len))) for _ in range(num_systems)]
-    pop = wl._zipf_weights(num_systems)
-    out = []
-    for i in range(num_requests):
-        s = int(rng.choice(num_systems, p=pop))
-        prompt = np.concatenate([systems[s], wl._tokens(rng, int(rng.integers(*question)))])
-        out.append(wl.Request(i, prompt, wl._tokens(rng, int(rng.integers(*answer))), f"sys{s}"))
-    return out
-
-
-def _chat_parents(trace) -> list:
-    """A chat turn waits for the previous turn of its conversation."""
-    last: dict = {}
-    parent = []
-    for i, r in enumerate(trace):
-        parent.append(last.get(r.group, -1))
-        last[r.group] = i
-    return parent
-
-
 def make_traces(seed: int = 0) -> dict:
     """``{name: (requests, parent)}`` for the four workloads."""
     rng = lambda k: np.random.default_rng([seed, 100 + k])  # noqa: E731
     fewshot = wl.fewshot_trace(rng(0), num_requests=120, num_tasks=8)
     chat = wl.chat_trace(rng(1), num_conversations=24, mean_turns=4.0, reply_mean=120.0)
-    system = system_prompt_trace(rng(3), num_requests=120)
+    system = wl.system_prompt_trace(rng(3), num_requests=120)
     return {
         "fewshot": (fewshot, [-1] * len(fewshot)),
-        "chat": (chat, _chat_parents(chat)),
-        "branching": branching_trace(rng(2), num_problems=10),
+        "chat": (chat, wl.chat_parents(chat)),
+        "branching": wl.branching_trace(rng(2), num_problems=10),
         "system": (system, [-1] * len(system)),
     }
 
@@ -286,19 +228,3 @@ def report(res: dict) -> str:
         lines.append(f"| {name} | {ps} | {any_row['cache_pages']:,} ({f:.0%}) | "
                      f"{any_row['optimal_hit_rate']:.1%} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def main(args) -> int:
-    """``python -m paged_np simulate --prefix-cache`` (arguments parsed by simulate.main)."""
-    t0 = time.perf_counter()
-    res = run(args.seed)
-    table = report(res)
-    print(table)
-    print(f"({time.perf_counter() - t0:.1f} s)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
-    if getattr(args, "markdown", None):
-        with open(args.markdown, "w") as f:
-            f.write(table + "\n")
-    return 0

@@ -63,10 +63,7 @@ timing; the first-fit allocator stands in for Orca's; no swapping.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import time
 from collections import deque
 
 import numpy as np
@@ -404,34 +401,3 @@ def run(seed: int = 0, quick: bool = False, progress: bool = True) -> dict:
         "max_reusable": {name: max_reusable_fraction(t, ps) for name, t in prefix.items()},
         "paper": PAPER,
     }
-
-
-def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m paged_np simulate", description=__doc__.split(
-        "\n")[0])
-    ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    ap.add_argument("--plot", metavar="PATH", help="draw the figures (PNG)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="small traces: well under a minute")
-    ap.add_argument("--prefix-cache", action="store_true",
-                    help="instead: hash chain vs radix tree, fcfs vs lpm (see sim/prefix.py)")
-    ap.add_argument("--markdown", metavar="PATH", help="--prefix-cache: write the table here")
-    args = ap.parse_args(argv)
-    if args.prefix_cache:
-        from .prefix import main as prefix_main
-
-        return prefix_main(args)
-    t0 = time.perf_counter()
-    res = run(args.seed, args.quick)
-    from .plot import report
-
-    print(report(res))
-    print(f"({time.perf_counter() - t0:.1f} s)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
-    if args.plot:
-        from .plot import plot_all
-
-        plot_all(res).savefig(args.plot, dpi=120, bbox_inches="tight")
-    return 0

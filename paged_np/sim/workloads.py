@@ -37,6 +37,10 @@ shareable:
   ``t``'s prompt *and reply*, so prefix caching can reuse both.
 - :func:`fewshot_trace`: few-shot prompts, a task's shared block of examples
   followed by one question.
+- :func:`branching_trace` (tree of thought: each thought's follow-ups extend
+  it) and :func:`system_prompt_trace` (a few long system prompts, many short
+  questions), the other two workloads of the SGLang paper; with
+  :func:`chat_parents`, the request each one must wait for.
 - :func:`beam_search_tree`: the token tree of beam search of width ``k`` over
   a random language model: which beam each new beam extends, step by step, so
   the simulation can fork and free sequences exactly as a beam-search server
@@ -151,18 +155,20 @@ class Request:
         return len(self.prompt) + len(self.output)
 
 
-def _tokens(rng: np.random.Generator, n: int) -> np.ndarray:
+def random_tokens(rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` token ids drawn uniformly from ``[0, VOCAB_SIZE)``: no two draws share a page."""
     return rng.integers(0, VOCAB_SIZE, size=n, dtype=np.int64)  # [n]
 
 
 def sample_requests(model: LengthModel, n: int, rng: np.random.Generator) -> list[Request]:
     """``n`` independent requests with random tokens (no two share a page of prefix)."""
     ins, outs = sample_lengths(model, n, rng)
-    return [Request(i, _tokens(rng, int(a)), _tokens(rng, int(b)), model.name)
+    return [Request(i, random_tokens(rng, int(a)), random_tokens(rng, int(b)), model.name)
             for i, (a, b) in enumerate(zip(ins, outs))]
 
 
-def _zipf_weights(n: int, s: float = 1.0) -> np.ndarray:
+def zipf_weights(n: int, s: float = 1.0) -> np.ndarray:
+    """Probabilities of ``n`` items, the ``i``-th (from 0) in proportion to ``1 / (i + 1)^s``."""
     w = 1.0 / np.arange(1, n + 1) ** s  # [n] popularity of item i ~ 1 / (i+1)^s
     return w / w.sum()
 
@@ -190,9 +196,9 @@ def chat_trace(rng: np.random.Generator, num_conversations: int = 60,
     Turn ``t``'s prompt is system + (user, reply) of every earlier turn + the
     new user message; its ``output`` is the reply.
     """
-    systems = [_tokens(rng, int(rng.integers(system_len[0], system_len[1] + 1)))
+    systems = [random_tokens(rng, int(rng.integers(system_len[0], system_len[1] + 1)))
                for _ in range(num_system_prompts)]
-    pop = _zipf_weights(num_system_prompts)
+    pop = zipf_weights(num_system_prompts)
     mu_u, mu_r = (solve_mu(m, 0.8, 1.0, 512.0) for m in (user_mean, reply_mean))
     events = []  # (arrival time, conversation, turn, prompt, reply)
     start = 0.0
@@ -202,8 +208,8 @@ def chat_trace(rng: np.random.Generator, num_conversations: int = 60,
         history = systems[s]
         t = start
         for turn in range(int(rng.geometric(1.0 / mean_turns))):
-            user = _tokens(rng, int(np.clip(np.rint(rng.lognormal(mu_u, 0.8)), 1, 512)))
-            reply = _tokens(rng, int(np.clip(np.rint(rng.lognormal(mu_r, 0.8)), 1, 512)))
+            user = random_tokens(rng, int(np.clip(np.rint(rng.lognormal(mu_u, 0.8)), 1, 512)))
+            reply = random_tokens(rng, int(np.clip(np.rint(rng.lognormal(mu_r, 0.8)), 1, 512)))
             prompt = np.concatenate([history, user])  # [len(history) + len(user)]
             if len(prompt) + len(reply) > max_context:
                 break
@@ -226,15 +232,76 @@ def fewshot_trace(rng: np.random.Generator, num_requests: int = 200, num_tasks: 
     def length(mean):
         return int(np.clip(np.rint(rng.lognormal(solve_mu(mean, 0.6, 1.0, 512.0), 0.6)), 1, 512))
 
-    prefixes = [np.concatenate([_tokens(rng, length(example_mean)) for _ in range(shots)])
+    prefixes = [np.concatenate([random_tokens(rng, length(example_mean)) for _ in range(shots)])
                 for _ in range(num_tasks)]
-    pop = _zipf_weights(num_tasks)
+    pop = zipf_weights(num_tasks)
     reqs = []
     for i in range(num_requests):
         task = int(rng.choice(num_tasks, p=pop))
-        prompt = np.concatenate([prefixes[task], _tokens(rng, length(question_mean))])
-        reqs.append(Request(i, prompt, _tokens(rng, length(answer_mean)), f"task{task}"))
+        prompt = np.concatenate([prefixes[task], random_tokens(rng, length(question_mean))])
+        reqs.append(Request(i, prompt, random_tokens(rng, length(answer_mean)), f"task{task}"))
     return reqs
+
+
+# ------------------------------------------------- SGLang-shaped traces (with parents)
+def branching_trace(rng: np.random.Generator, num_problems: int = 12, branch: int = 3,
+                    problem_len: tuple = (150, 400), thought_mean: float = 60.0,
+                    prompt_extra: int = 12) -> tuple[list, list]:
+    """Tree of thought: ``branch`` thoughts per problem, ``branch`` follow-ups per thought.
+
+    Returns ``(requests, parent)``: ``parent[i]`` is the request whose output
+    request ``i``'s prompt extends (it can start only after that one
+    finishes), or -1. Thoughts have log-normal lengths (sigma 0.6).
+    """
+    mu = solve_mu(thought_mean, 0.6, 1.0, 512.0)
+
+    def thought():
+        return random_tokens(rng, int(np.clip(np.rint(rng.lognormal(mu, 0.6)), 1, 512)))
+
+    reqs, parent = [], []
+    for p in range(num_problems):
+        problem = random_tokens(rng, int(rng.integers(problem_len[0], problem_len[1] + 1)))
+        firsts = []
+        for _ in range(branch):
+            firsts.append(len(reqs))
+            reqs.append(Request(len(reqs), problem, thought(), f"problem{p}"))
+            parent.append(-1)
+        for f in firsts:
+            r = reqs[f]
+            base = np.concatenate([r.prompt, r.output, random_tokens(rng, prompt_extra)])
+            for _ in range(branch):
+                reqs.append(Request(len(reqs), base, thought(), f"problem{p}"))
+                parent.append(f)
+    return reqs, parent
+
+
+def system_prompt_trace(rng: np.random.Generator, num_requests: int = 160, num_systems: int = 3,
+                        system_len: tuple = (600, 1000), question: tuple = (10, 80),
+                        answer: tuple = (20, 120)) -> list:
+    """Long shared system prompts (Zipf(1) popularity) + a short question each."""
+    systems = [random_tokens(rng, int(rng.integers(*system_len))) for _ in range(num_systems)]
+    pop = zipf_weights(num_systems)
+    out = []
+    for i in range(num_requests):
+        s = int(rng.choice(num_systems, p=pop))
+        prompt = np.concatenate([systems[s], random_tokens(rng, int(rng.integers(*question)))])
+        out.append(Request(i, prompt, random_tokens(rng, int(rng.integers(*answer))), f"sys{s}"))
+    return out
+
+
+def chat_parents(trace) -> list:
+    """``parent[i]``: the previous turn of request ``i``'s conversation, or -1.
+
+    A chat turn's prompt holds the previous turn's reply, so it can be sent
+    only once that turn has finished (:func:`chat_trace`'s order alone does
+    not say so).
+    """
+    last: dict = {}
+    parent = []
+    for i, r in enumerate(trace):
+        parent.append(last.get(r.group, -1))
+        last[r.group] = i
+    return parent
 
 
 # --------------------------------------------------------------------------- beam search

@@ -1,0 +1,74 @@
+"""``python -m paged_np simulate``: the memory simulations, from the command line.
+
+::
+
+    python -m paged_np simulate --quick                  # the vLLM paper's figures, small
+    python -m paged_np simulate --json out.json --plot out.png --seed 0
+    python -m paged_np simulate --prefix-cache --json p.json --markdown p.md
+
+Without ``--prefix-cache`` it runs :func:`paged_np.sim.simulate.run` (where
+KV memory goes: contiguous reservation vs pages, sharing, eviction policies)
+and prints :func:`paged_np.sim.plot.report`; with it,
+:func:`paged_np.sim.prefix.run` (hash chain vs radix tree, fcfs vs lpm,
+served by the engine's own scheduler) and its table. This module only
+parses and writes files: the simulations are the library's, in
+:mod:`paged_np.sim`, which never imports this one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="python -m paged_np simulate",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    ap.add_argument("--plot", metavar="PATH", help="draw the figures (PNG)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="small traces: well under a minute")
+    ap.add_argument("--prefix-cache", action="store_true",
+                    help="instead: hash chain vs radix tree, fcfs vs lpm (see sim/prefix.py)")
+    ap.add_argument("--markdown", metavar="PATH", help="--prefix-cache: write the table here")
+    return ap.parse_args(argv)
+
+
+def write_json(res: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+def prefix_cache(args) -> int:
+    """``--prefix-cache``: every workload, page size, cache size, index and schedule."""
+    from ..sim import prefix
+
+    t0 = time.perf_counter()
+    res = prefix.run(args.seed)
+    table = prefix.report(res)
+    print(table)
+    print(f"({time.perf_counter() - t0:.1f} s)")
+    write_json(res, args.json)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table + "\n")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.prefix_cache:
+        return prefix_cache(args)
+    from ..sim import simulate
+    from ..sim.plot import plot_all, report
+
+    t0 = time.perf_counter()
+    res = simulate.run(args.seed, args.quick)
+    print(report(res))
+    print(f"({time.perf_counter() - t0:.1f} s)")
+    write_json(res, args.json)
+    if args.plot:
+        plot_all(res).savefig(args.plot, dpi=120, bbox_inches="tight")
+    return 0
