@@ -16,10 +16,10 @@ and the kernel bench's batch of 8 at a one-page context):
   built once (what the model does): only q and the pages are checked, and the
   numba backend reuses its plan;
 - *with metadata, on every thread*: the same, with a plan made while the
-  threshold of ``numba_cpu.choose_num_threads`` was one byte, so the thread
+  threshold of ``numba_plan.choose_num_threads`` was one byte, so the thread
   pool runs it, as it ran every call before that threshold existed;
 - the parts: validating the whole call, building the metadata, planning the
-  kernel's work (``numba_cpu.make_plan``), and the jitted item loop alone.
+  kernel's work (``numba_plan.make_plan``), and the jitted item loop alone.
 
 Prints a markdown table; ``docs/concepts/kernels.md`` quotes it.
 """
@@ -35,6 +35,7 @@ import numpy as np
 from paged_np.attention import (
     AttentionMetadata,
     numba_cpu,
+    numba_plan,
     paged_attention,
     validate_paged_attention_inputs,
 )
@@ -68,7 +69,7 @@ def measure(q, k, v, bt, sl, qsl):
     meta = AttentionMetadata.build(bt, sl, qsl, num_pages=k.shape[0], page_size=P)
     args = validate_paged_attention_inputs(q, k, v, bt, sl, qsl)
     sl64, qsl64 = sl.astype(np.int64), qsl.astype(np.int64)
-    plan = numba_cpu.make_plan(sl64, qsl64, H, Hkv, P, k.itemsize, D, 0)
+    plan = numba_plan.make_plan(sl64, qsl64, H, Hkv, P, k.itemsize, D, 0)
     q2 = q * np.float32(0.1)
     out, lse = np.zeros(q.shape, np.float32)[None], np.zeros(q.shape[:2], np.float32)[None]
     items = plan.items
@@ -76,11 +77,11 @@ def measure(q, k, v, bt, sl, qsl):
     # A second metadata whose plan is made with a one-byte threshold: every thread, as
     # every call ran before the plan looked at the bytes to read.
     pooled = AttentionMetadata.build(bt, sl, qsl, num_pages=k.shape[0], page_size=P)
-    min_bytes, numba_cpu.MIN_BYTES_PER_THREAD = numba_cpu.MIN_BYTES_PER_THREAD, 1
+    min_bytes, numba_plan.MIN_BYTES_PER_THREAD = numba_plan.MIN_BYTES_PER_THREAD, 1
     try:
         paged_attention(q, k, v, metadata=pooled, backend="numba")  # makes and keeps the plan
     finally:
-        numba_cpu.MIN_BYTES_PER_THREAD = min_bytes
+        numba_plan.MIN_BYTES_PER_THREAD = min_bytes
     return {
         "plain call": best_us(lambda: paged_attention(q, k, v, bt, sl, qsl, backend="numba")),
         "with metadata": best_us(lambda: paged_attention(q, k, v, metadata=meta,
@@ -90,7 +91,7 @@ def measure(q, k, v, bt, sl, qsl):
         "validate (whole call)": best_us(lambda: validate_paged_attention_inputs(*args[:6])),
         "build metadata": best_us(lambda: AttentionMetadata.build(
             bt, sl, qsl, num_pages=k.shape[0], page_size=P)),
-        "plan (make_plan)": best_us(lambda: numba_cpu.make_plan(
+        "plan (make_plan)": best_us(lambda: numba_plan.make_plan(
             sl64, qsl64, H, Hkv, P, k.itemsize, D, 0)),
         "jitted item loop alone": best_us(lambda: numba_cpu._run_items(
             q2, k, v, bt, sl64, qsl64, items, 0, len(items), plan.q_tile * (H // Hkv), 0,

@@ -96,9 +96,9 @@ def test_sweep_threaded_with_metadata(head_dim, page_size, heads, kv_dtype, mode
     These cases are small, so the backend would run them on the calling thread
     (``choose_num_threads``); a threshold of one byte wakes every thread.
     """
-    from paged_np.attention import AttentionMetadata, numba_cpu
+    from paged_np.attention import AttentionMetadata, numba_plan
 
-    monkeypatch.setattr(numba_cpu, "MIN_BYTES_PER_THREAD", 1)
+    monkeypatch.setattr(numba_plan, "MIN_BYTES_PER_THREAD", 1)
     lens = sweep_seq_lens(page_size)
     n_queries = prefill_query_counts(lens) if mode == "prefill" else None
     if mode == "decode":
@@ -116,7 +116,7 @@ def test_sweep_threaded_with_metadata(head_dim, page_size, heads, kv_dtype, mode
                                        backend="numba", return_lse=True)
         assert rel_error(out, ref_out) <= TOL and rel_error(lse, ref_lse) <= TOL
     (plan,) = meta.plans.values()
-    assert plan.items is None or plan.num_threads == numba_cpu.numba.get_num_threads()
+    assert plan.items is None or plan.num_threads == numba_plan.numba.get_num_threads()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -20,7 +20,7 @@ import pytest
 from attention_cases import TOL, make_paged_case, prefill_query_counts, rel_error
 from numba import njit
 
-from paged_np.attention import numba_cpu, numba_kernels, numba_prefill
+from paged_np.attention import numba_cpu, numba_kernels, numba_plan, numba_prefill
 from paged_np.attention.numba_kernels import _half_bits_to_f32, exp2, half_to_f32, to_f32
 
 
@@ -79,10 +79,10 @@ def test_decode_items_of_two_kv_heads(num_heads, splits, window, kv_dtype):
 
 
 def test_choose_heads_per_item_pairs_only_decode_with_items_to_spare():
-    assert numba_cpu.choose_heads_per_item(8, 8, 1, 2) == 2  # the bench case: 32 items
-    assert numba_cpu.choose_heads_per_item(1, 8, 1, 2) == 1  # 4 pairs cannot fill 2 threads
-    assert numba_cpu.choose_heads_per_item(8, 7, 1, 2) == 1  # odd kv heads
-    assert numba_cpu.choose_heads_per_item(64, 8, 16, 2) == 1  # prefill tiles
+    assert numba_plan.choose_heads_per_item(8, 8, 1, 2) == 2  # the bench case: 32 items
+    assert numba_plan.choose_heads_per_item(1, 8, 1, 2) == 1  # 4 pairs cannot fill 2 threads
+    assert numba_plan.choose_heads_per_item(8, 7, 1, 2) == 1  # odd kv heads
+    assert numba_plan.choose_heads_per_item(64, 8, 16, 2) == 1  # prefill tiles
 
 
 @pytest.mark.parametrize("page_size", [1, 8, 16, 32])
@@ -102,20 +102,20 @@ def test_empty_split_parts_leave_no_trace():
 
 
 def test_choose_num_splits_fills_the_threads():
-    assert numba_cpu.choose_num_splits(64, 128, 2) == 1  # enough items already
-    assert numba_cpu.choose_num_splits(1, 512, 2) == 8  # one long sequence
-    assert numba_cpu.choose_num_splits(1, 15, 2) == 1  # too short to be worth it
-    assert numba_cpu.choose_num_splits(2, 40, 4) == 5  # capped by pages per part
-    assert numba_cpu.choose_num_splits(1, 512, 1) == 1  # one thread: nothing to fill
+    assert numba_plan.choose_num_splits(64, 128, 2) == 1  # enough items already
+    assert numba_plan.choose_num_splits(1, 512, 2) == 8  # one long sequence
+    assert numba_plan.choose_num_splits(1, 15, 2) == 1  # too short to be worth it
+    assert numba_plan.choose_num_splits(2, 40, 4) == 5  # capped by pages per part
+    assert numba_plan.choose_num_splits(1, 512, 1) == 1  # one thread: nothing to fill
 
 
 def test_choose_num_threads_wakes_a_thread_per_share_of_work():
     """A small call stays on the calling thread: waking a worker costs more than it saves."""
-    per = numba_cpu.MIN_BYTES_PER_THREAD
-    assert numba_cpu.choose_num_threads(0, 4) == 1
-    assert numba_cpu.choose_num_threads(per - 1, 4) == 1
-    assert numba_cpu.choose_num_threads(2 * per, 4) == 2
-    assert numba_cpu.choose_num_threads(100 * per, 4) == 4  # never more than there are
+    per = numba_plan.MIN_BYTES_PER_THREAD
+    assert numba_plan.choose_num_threads(0, 4) == 1
+    assert numba_plan.choose_num_threads(per - 1, 4) == 1
+    assert numba_plan.choose_num_threads(2 * per, 4) == 2
+    assert numba_plan.choose_num_threads(100 * per, 4) == 4  # never more than there are
 
 
 def test_exp2_accuracy_and_zero_floor():
@@ -189,7 +189,7 @@ def test_plan_hands_out_every_piece_once(threads):
     seq_lens = np.array([50, 0, 9, 33], np.int64)
     qsl = np.array([0, 50, 50, 51, 58], np.int64)
     n_q = np.diff(qsl)
-    items = numba_cpu.plan_items(seq_lens, qsl, n_q, 4, 2, 16, 2, 0, threads)
+    items = numba_plan.plan_items(seq_lens, qsl, n_q, 4, 2, 16, 2, 0, threads)
     assert len(items) % threads == 0
     real = items[items[:, 2] > 0]
     keys = {(int(b), int(q0), int(h), int(sp)) for b, q0, _, h, _, _, sp in real}

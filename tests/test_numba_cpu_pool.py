@@ -21,7 +21,7 @@ FORK_CHILD = textwrap.dedent("""
     import multiprocessing as mp
     import numpy as np
     import paged_np as pnp
-    from paged_np.attention import numba_cpu
+    from paged_np.attention import numba_cpu, numba_plan
 
     rng = np.random.default_rng(0)
     k = rng.standard_normal((8, 2, 4, 16), dtype=np.float32)
@@ -37,7 +37,7 @@ FORK_CHILD = textwrap.dedent("""
         queue.put(attend())
 
     if __name__ == "__main__":
-        numba_cpu.MIN_BYTES_PER_THREAD = 1           # so small a case still wakes the pool
+        numba_plan.MIN_BYTES_PER_THREAD = 1           # so small a case still wakes the pool
         want = attend()                              # the parent makes its pool
         assert numba_cpu._POOLS, "the parent's call did not use the thread pool"
         ctx = mp.get_context("fork")

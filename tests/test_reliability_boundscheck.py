@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent("""
     from attention_cases import TOL, make_paged_case, rel_error
     from paged_np import config
     import paged_np as pnp
-    from paged_np.attention import numba_cpu
+    from paged_np.attention import numba_cpu, numba_plan
 
     result = {"boundscheck": config.BOUNDSCHECK, "jit_options": repr(config.JIT_OPTIONS),
               "module": numba_cpu.__file__}
@@ -61,7 +61,7 @@ SCRIPT = textwrap.dedent("""
     lens = case.seq_lens.astype(np.int64)
     qsl = case.qsl.astype(np.int64)
     n_q = np.diff(qsl)
-    items = numba_cpu.plan_items(lens, qsl, n_q, 4, 2, 1, 1, 0, 2)
+    items = numba_plan.plan_items(lens, qsl, n_q, 4, 2, 1, 1, 0, 2)
     q2 = case.q.copy()
     T, H, D = q2.shape
     part_out = np.zeros((1, T, H, D), np.float32)

@@ -51,7 +51,6 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -67,67 +66,20 @@ from .numba_kernels import (
     online_softmax,
     tile_scores,
 )
+from .numba_plan import (  # the plan, plain NumPy (re-exported: tests and benchmarks)
+    ITEM_KHI,
+    ITEM_KLO,
+    ITEM_KVH,
+    ITEM_NQ,
+    ITEM_Q0,
+    ITEM_SEQ,
+    ITEM_SPLIT,
+    make_plan,
+)
 from .numba_prefill import attend_sequence
 
 #: Keys per softmax block (rounded to whole pages): long enough for vector loops.
 BLOCK_KEYS = 128
-#: A sequence with this many queries (a long prefill chunk) goes to BLAS.
-BLAS_MIN_QUERIES = 128
-#: Query rows per prefill item (q_tile * G); decode items have G rows.
-PREFILL_ROWS = 64
-#: Split-K is used when there are fewer items than this many per thread.
-ITEMS_PER_THREAD = 4
-#: A split-K part covers at least this many pages (smaller parts cost more to merge).
-MIN_PAGES_PER_SPLIT = 8
-#: A second thread joins only for at least this many bytes of K/V per thread
-#: (see :func:`choose_num_threads`).
-MIN_BYTES_PER_THREAD = 2 << 20
-
-# Columns of the plan (one row per work item).
-_B, _Q0, _NQ, _KVH, _KLO, _KHI, _SPLIT = range(7)
-
-
-def plan_items(seq_lens, query_start_loc, n_q, page_size, num_kv_heads, q_tile, num_splits,
-               window, num_threads, heads_per_item=1):
-    """Work items, ordered so that each thread's contiguous block costs about the same.
-
-    Plain NumPy (a few dozen items for a decode step; nothing to compile).
-    ``n_q`` ``[B]``: queries per sequence the kernel handles (0: none).
-    Returns int64 ``[num_threads * per_thread, 7]``: sequence, first query
-    token, number of queries, first kv head (the item takes ``heads_per_item``
-    of them, which must divide ``num_kv_heads``), keys ``[lo, hi)`` and split
-    part. Rows with 0 queries are padding.
-    """
-    n_tiles = -(-n_q // q_tile)  # [B] query tiles per sequence
-    b = np.repeat(np.arange(len(n_q)), n_tiles)  # [tiles] sequence of each tile
-    first_tile = np.repeat(np.cumsum(n_tiles) - n_tiles, n_tiles)
-    i0 = (np.arange(len(b)) - first_tile) * q_tile  # [tiles] first query, within the sequence
-    nq = np.minimum(q_tile, n_q[b] - i0)
-    p_first = seq_lens[b] - n_q[b] + i0  # position of the tile's first query
-    lo = np.maximum(0, p_first - window + 1) if window > 0 else np.zeros_like(p_first)
-    hi = p_first + nq  # one past the last query's position
-    page_lo = lo // page_size
-    per = -(-((hi - 1) // page_size + 1 - page_lo) // num_splits)  # [tiles] pages per part
-    # Every (tile, split part, group of kv heads) is an item: fill a [tiles, S, Hkv/hpi, 7] grid.
-    t3 = (slice(None), None, None)  # a [tiles] column broadcast over (S, kv head groups)
-    split = np.arange(num_splits)[None, :, None]
-    grid = np.empty((len(b), num_splits, num_kv_heads // heads_per_item, 7), np.int64)
-    grid[..., _B] = b[t3]
-    grid[..., _Q0] = (query_start_loc[b] + i0)[t3]
-    grid[..., _KVH] = np.arange(0, num_kv_heads, heads_per_item)
-    grid[..., _SPLIT] = split
-    grid[..., _KLO] = np.maximum(lo[t3], (page_lo[t3] + split * per[t3]) * page_size)
-    grid[..., _KHI] = np.minimum(hi[t3], (page_lo[t3] + (split + 1) * per[t3]) * page_size)
-    grid[..., _NQ] = np.where(grid[..., _KHI] > grid[..., _KLO], nq[t3], 0)  # empty part: padding
-    items = grid.reshape(-1, 7)  # [n, 7]
-    # Deal the items, most expensive first, round-robin into one block per thread.
-    cost = items[:, _NQ] * np.maximum(items[:, _KHI] - items[:, _KLO], 0) + 64
-    order = np.argsort(-cost, kind="stable")
-    per_thread = -(-len(items) // num_threads)
-    dealt = np.zeros((per_thread * num_threads, 7), np.int64)  # padding: 0 queries
-    j = np.arange(len(items))
-    dealt[(j % num_threads) * per_thread + j // num_threads] = items[order]
-    return dealt
 
 
 @njit(**JIT_OPTIONS)
@@ -216,14 +168,14 @@ def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, it
     acc = np.empty((RT, D), np.float32)
     for w in range(w0, w1):
         it = items[w]
-        b, q0, nq = it[_B], it[_Q0], it[_NQ]
+        b, q0, nq = it[ITEM_SEQ], it[ITEM_Q0], it[ITEM_NQ]
         if nq == 0:  # padding
             continue
         n_q = query_start_loc[b + 1] - query_start_loc[b]
         first_pos = seq_lens[b] - n_q + (q0 - query_start_loc[b])
-        _attend_item(q2, k_pages, v_pages, block_tables[b], first_pos, q0, nq, it[_KVH],
-                     heads_per_item, it[_KLO], it[_KHI], window, part_out[it[_SPLIT]],
-                     part_lse[it[_SPLIT]], qt, row_pos, s, m, l, acc)
+        _attend_item(q2, k_pages, v_pages, block_tables[b], first_pos, q0, nq, it[ITEM_KVH],
+                     heads_per_item, it[ITEM_KLO], it[ITEM_KHI], window, part_out[it[ITEM_SPLIT]],
+                     part_lse[it[ITEM_SPLIT]], qt, row_pos, s, m, l, acc)
 
 
 def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
@@ -310,88 +262,6 @@ def _merge_splits(part_out, part_lse, out, lse):
                 for d in range(D):
                     o[d] += wgt * a[d]
             lse[t, h] = M + np.log(total)
-
-
-def choose_heads_per_item(n_tiles: int, num_kv_heads: int, q_tile: int, num_threads: int) -> int:
-    """Decode items take two kv heads when that still leaves every thread a few items.
-
-    A page's tiles of kv heads ``h`` and ``h + 1`` lie side by side in the
-    arena (``[num_pages, num_kv_heads, page_size, head_dim]``), so one item
-    reading both streams 16 KiB runs instead of two 8 KiB ones
-    (``benchmarks/kernel_ablation.py`` times both). Prefill items
-    (``q_tile > 1``) already have rows enough.
-    """
-    pairs = n_tiles * (num_kv_heads // 2)
-    if q_tile == 1 and num_kv_heads % 2 == 0 and pairs >= ITEMS_PER_THREAD * num_threads:
-        return 2
-    return 1
-
-
-def choose_num_splits(n_items: int, max_pages: int, num_threads: int) -> int:
-    """Split-K factor: enough parts to give every thread a few items (1 on one thread)."""
-    target = ITEMS_PER_THREAD * num_threads
-    if num_threads == 1 or n_items >= target or max_pages < 2 * MIN_PAGES_PER_SPLIT:
-        return 1
-    want = -(-target // max(n_items, 1))  # ceil
-    return max(1, min(want, max_pages // MIN_PAGES_PER_SPLIT))
-
-
-def choose_num_threads(work_bytes: int, max_threads: int) -> int:
-    """Threads worth waking for ``work_bytes`` of K/V to read: one per :data:`MIN_BYTES_PER_THREAD`.
-
-    Handing a block of items to a pool thread and waiting for it costs about
-    0.1 ms here (a Python thread wakes, takes the GIL, calls the kernel):
-    more than the whole attention of a small layer (SmolLM2-135M at batch 1
-    reads ~0.5 MB a layer, ~0.05 ms). Such calls run on the calling thread.
-    """
-    return max(1, min(max_threads, work_bytes // MIN_BYTES_PER_THREAD))
-
-
-class Plan(NamedTuple):
-    """How one call's work is cut: made by :func:`make_plan`, reusable by every layer of a step."""
-
-    blas_seqs: np.ndarray          # sequences whose long prefill chunk goes to BLAS
-    items: np.ndarray | None       # the kernel's work items (plan_items); None: no kernel work
-    q_tile: int
-    num_splits: int
-    heads_per_item: int
-    num_threads: int
-
-
-def make_plan(seq_lens, qsl, num_heads, num_kv_heads, page_size, kv_itemsize, head_dim,
-              window, *, num_splits=None, q_tile=None, heads_per_item=None,
-              num_threads=None, blas_min_queries=BLAS_MIN_QUERIES) -> Plan:
-    """Everything :func:`forward` decides before any arithmetic (plain NumPy).
-
-    The knobs override the automatic choices (tests force split-K, pairs of
-    kv heads or threads with them); ``None`` picks them from the shapes, the
-    bytes to read and ``numba.get_num_threads()``.
-    """
-    n_q = np.diff(qsl)
-    in_kernel = n_q < blas_min_queries
-    blas_seqs = np.flatnonzero(~in_kernel)
-    if not (in_kernel.any() and n_q[in_kernel].max() > 0):
-        return Plan(blas_seqs, None, 1, 1, 1, 1)
-    n_q = np.where(in_kernel, n_q, 0)
-    G = num_heads // num_kv_heads
-    if q_tile is None:  # decode: one query per item; prefill: ~PREFILL_ROWS rows
-        q_tile = 1 if n_q.max() <= 1 else max(1, PREFILL_ROWS // G)
-    n_tiles_each = (n_q + q_tile - 1) // q_tile  # [B]
-    n_tiles = int(n_tiles_each.sum())
-    if num_threads is None:  # K and V bytes each query tile reads (its keys, all kv heads)
-        keys = np.minimum(seq_lens, window + n_q) if window else seq_lens
-        work = int((n_tiles_each * keys).sum()) * num_kv_heads * head_dim * kv_itemsize * 2
-        num_threads = choose_num_threads(work, numba.get_num_threads())
-    if heads_per_item is None:
-        heads_per_item = choose_heads_per_item(n_tiles, num_kv_heads, q_tile, num_threads)
-    if num_splits is None:
-        max_pages = int(-(-int(seq_lens[n_q > 0].max()) // page_size))
-        num_splits = choose_num_splits(n_tiles * num_kv_heads // heads_per_item, max_pages,
-                                       num_threads)
-    items = plan_items(seq_lens, qsl, n_q, page_size, num_kv_heads, int(q_tile),
-                       int(num_splits), window, int(num_threads), int(heads_per_item))
-    return Plan(blas_seqs, items, int(q_tile), int(num_splits), int(heads_per_item),
-                int(num_threads))
 
 
 def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
