@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from paged_np.engine.scheduler import RUNNING, SWAPPED, WAITING
+from paged_np.engine.request import RUNNING, SWAPPED, WAITING
 
 
 class InjectedFault(RuntimeError):
@@ -63,12 +63,13 @@ def assert_engine_consistent(engine) -> None:
         assert s.status in (WAITING, SWAPPED), f"waiting seq {s.seq_id} has status {s.status}"
         assert s.seq_id not in running
         assert (s.swap_pages is not None) == (s.status == SWAPPED)
+        assert s.seq is None, f"waiting seq {s.seq_id} still points into the cache"
     if sched.swap is not None:
         held = sum(len(s.swap_pages) for s in waiting if s.swap_pages is not None)
         assert sched.swap.num_free + held == sched.swap.data.shape[2], "swap pages leaked"
     live = {id(s.parent) for s in sched.running} | {id(s.parent) for s in waiting}
-    assert live <= {id(r) for r in engine._requests.values()}, "a finished request still runs"
-    for req in engine._requests.values():
+    assert live <= {id(r) for r in engine.requests.values()}, "a finished request still runs"
+    for req in engine.requests.values():
         assert not req.output.finished, f"request {req.request_id} finished but still listed"
 
 
@@ -80,4 +81,4 @@ def assert_nothing_held(engine) -> None:
     assert stats["num_sequences"] == 0
     assert stats["num_free"] + stats["num_cached"] == stats["num_pages"]
     assert not engine.scheduler.running and not engine.scheduler.waiting
-    assert not engine._requests
+    assert not engine.requests

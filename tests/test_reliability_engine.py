@@ -179,7 +179,7 @@ def test_abort_right_after_a_failed_step_frees_everything(model, workload, mode,
             engine.step()
     assert any(engine.cache.sequence(s).num_pending for s in engine.cache.seq_ids)
     for rid in ids:
-        if rid in engine._requests:
+        if rid in engine.requests:
             engine.abort(rid)
             assert_engine_consistent(engine)
     engine.step()                                                # hands back the outputs
@@ -196,7 +196,7 @@ def test_aborts_at_random_times_free_every_page(model, workload, mode, seed):
     ids = [engine.add_request(p, params[i % 2], request_index=i) for i, p in enumerate(ps)]
     results, aborted = {}, set()
     while engine.has_unfinished_requests():
-        live = list(engine._requests)
+        live = list(engine.requests)
         if live and rng.random() < 0.15:
             rid = live[int(rng.integers(len(live)))]
             engine.abort(rid)
@@ -254,7 +254,7 @@ def random_workload(model, num_steps, seed, mode, check_every=1, dense_every=1):
             if not draining and rng.random() < 0.35:
                 add_random_request(i)
                 i += 1
-            live = list(engine._requests)
+            live = list(engine.requests)
             if live and not draining and rng.random() < 0.03:
                 engine.abort(live[int(rng.integers(len(live)))])
                 aborts += 1

@@ -10,17 +10,23 @@ both, under two budgets: ``max_num_seqs`` running sequences and
 
 Each step:
 
-1. **Running sequences**, oldest first, get their tokens' slots. When the
-   pool runs out of pages, the *most recently admitted* running sequence is
-   preempted (vLLM's rule: it has the least work to lose), possibly the one
-   asking; then the allocation is retried.
+1. **Running sequences**, oldest first, get their tokens' slots. The
+   scheduler *asks first* (``cache.can_allocate``, as vLLM and nano-vllm
+   do): while the pages are not there, the *most recently admitted* running
+   sequence is preempted (vLLM's rule: it has the least work to lose),
+   possibly the one asking. A sequence running alone shrinks its chunk to
+   what fits instead. ``allocate_slots`` is called only once the answer is
+   yes, so running out of pages is a question here, never an exception.
 2. **Waiting sequences** are admitted while seats, tokens and pages allow,
    but not in a step that had to preempt (that would just thrash). The order
    is the ``schedule``'s (:mod:`.schedule_policy`): ``"fcfs"``, arrival
    order (preempted sequences go back to the front), or ``"lpm"``, the
    longest cached prefix first, with a bound on how long any one waits.
    Admission starts with ``cache.add_sequence``, whose prefix hit says how
-   many prompt tokens need no computing at all.
+   many prompt tokens need no computing at all; if the pages for the first
+   chunk are then not there, the sequence is freed again and waits. Each
+   admission is reported in :attr:`SchedulerOutput.admitted` with its hit;
+   the engine turns that into the request's output and the hit rates.
 
 Preemption comes in two flavours (``preemption_mode``):
 
@@ -35,7 +41,9 @@ Preemption comes in two flavours (``preemption_mode``):
 
 Simplifications compared with vLLM: no priorities, no encoder or LoRA
 budgets, no speculative tokens; a sequence is one sample (``n > 1`` requests
-fork after their prompt, see :mod:`paged_np.engine.engine`).
+fork after their prompt, see :mod:`paged_np.engine.engine`). The records it
+runs are :class:`~paged_np.engine.request.Request` objects; host swap space
+is :class:`~paged_np.engine.swap.SwapArena`.
 """
 
 from __future__ import annotations
@@ -43,139 +51,60 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from ..errors import OutOfPages
+from .request import FINISHED, RUNNING, SWAPPED, WAITING, Request
 from .schedule_policy import MAX_SKIPS, admission_order
+from .swap import SwapArena
 
-WAITING, RUNNING, SWAPPED, FINISHED = "waiting", "running", "swapped", "finished"
-
-
-@dataclass(eq=False)
-class Request:
-    """What the scheduler runs: one stream of tokens, one sample of a user's request.
-
-    vLLM v1 calls it a ``Request`` too (an ``n > 1`` request fans out into
-    ``n`` of them under one parent). Two counts drive everything:
-    ``num_tokens`` (prompt + generated, what it knows) and
-    ``num_computed_tokens`` (those whose K/V is in the cache). The cache's own
-    record of the same tokens is :class:`paged_np.cache.sequence.Sequence`,
-    keyed by ``seq_id``.
-    """
-
-    seq_id: int                   # the cache's id
-    parent: object                # the engine's record of the whole request (n samples)
-    sample: object                # its SampleOutput (generated ids, finish reason)
-    token_ids: list               # prompt + generated so far
-    rng: object                   # np.random.Generator of this sample
-    num_computed_tokens: int = 0  # tokens whose KV is in the cache
-    status: str = WAITING
-    pending_fork: int = 0         # siblings still to fork off after the prompt (n - 1)
-    num_preemptions: int = 0
-    swap_pages: list | None = field(default=None, repr=False)  # host pages while SWAPPED
-    queued_at: int = 0            # the scheduler's admission count when it last joined the queue
-    prompt_hashes: tuple | None = field(default=None, repr=False)  # (tokens, hash chain): lpm
-
-    @property
-    def num_tokens(self) -> int:
-        """Prompt plus generated tokens: what the request knows."""
-        return len(self.token_ids)
-
-    @property
-    def seats(self) -> int:
-        """Running seats it takes: itself plus the siblings it will fork."""
-        return 1 + self.pending_fork
+__all__ = ["FINISHED", "RUNNING", "SWAPPED", "WAITING", "Request", "Scheduler",
+           "SchedulerOutput", "SwapArena"]
 
 
 @dataclass
 class SchedulerOutput:
-    """What one step runs: ``(req, num_new_tokens, slots)`` triples, plus refusals."""
+    """What one step runs, and what the scheduler did to get there.
 
-    scheduled: list = field(default_factory=list)
-    failed: list = field(default_factory=list)   # (req, reason): can never run
-
-
-class SwapArena:
-    """Host memory for preempted sequences' pages (vLLM's CPU swap space).
-
-    Same layout as the cache's arena, ``[num_layers, 2, swap_pages, Hkv,
-    page_size, D]``, with its own free list.
+    - ``scheduled``: ``(req, num_new_tokens, slots)`` triples, the batch;
+    - ``failed``: ``(req, reason)`` for sequences that can never run (removed);
+    - ``admitted``: ``(req, num_known, num_hit)`` for each admission: of the
+      ``num_known`` tokens it brought, the prefix cache served ``num_hit``.
     """
 
-    def __init__(self, cache, num_pages: int):
-        shape = list(cache.arena.shape)
-        shape[2] = num_pages
-        self.data = np.zeros(shape, dtype=cache.arena.dtype)
-        self.page_size = cache.page_size
-        self._free = list(range(num_pages - 1, -1, -1))
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    def swap_out(self, cache, req: Request) -> list | None:
-        """Copy the pages of ``req``'s computed tokens to the host; None if no room."""
-        n_pages = -(-req.num_computed_tokens // self.page_size)
-        pages = cache.block_table(req.seq_id)[:n_pages]             # [n_pages] page ids
-        if n_pages > len(self._free) or (pages < 0).any():
-            return None
-        host = [self._free.pop() for _ in range(n_pages)]
-        self.data[:, :, host] = cache.arena[:, :, pages]            # every layer, K and V
-        return host
-
-    def swap_in(self, cache, req: Request, start: int) -> None:
-        """Write positions ``[start, num_computed_tokens)`` back (slots from allocate_slots).
-
-        Raises OutOfPages (changing nothing) when the pages are not there.
-        """
-        n = req.num_computed_tokens - start
-        slots = cache.allocate_slots(req.seq_id, n)                 # [n] int64
-        pos = np.arange(start, req.num_computed_tokens)                    # [n] positions
-        host = np.asarray(req.swap_pages)[pos // self.page_size]    # [n] host pages
-        off = pos % self.page_size                                  # [n]
-        for layer in range(self.data.shape[0]):
-            k = self.data[layer, 0][host, :, off]                   # [n, Hkv, D]
-            v = self.data[layer, 1][host, :, off]                   # [n, Hkv, D]
-            cache.write_kv(layer, slots, k, v)
-        cache.append_tokens(req.seq_id, req.token_ids[start:req.num_computed_tokens])
-
-    def release(self, req: Request) -> None:
-        self._free.extend(req.swap_pages or ())
-        req.swap_pages = None
+    scheduled: list = field(default_factory=list)
+    failed: list = field(default_factory=list)
+    admitted: list = field(default_factory=list)
 
 
 class Scheduler:
-    """Waiting queue, running list, preemption. See the module docstring."""
+    """Waiting queue, running list, preemption. See the module docstring.
 
-    def __init__(self, cache, max_num_seqs: int, max_num_batched_tokens: int,
-                 preemption_mode: str, swap_pages: int, sliding_window: int | None,
-                 schedule: str = "fcfs"):
+    ``config`` is the engine's :class:`~paged_np.config.EngineConfig` (budgets,
+    preemption mode, swap space, schedule); ``sliding_window`` the model's.
+    """
+
+    def __init__(self, cache, config, sliding_window: int | None = None):
         self.cache = cache
-        self.schedule_policy = schedule
+        self.config = config
+        self.schedule_policy = config.schedule
         self.max_skips = MAX_SKIPS      # lpm: admissions a request may be passed over by
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.preemption_mode = preemption_mode
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.preemption_mode = config.preemption_mode
         self.window = sliding_window
-        self.swap = SwapArena(cache, swap_pages) if preemption_mode == "swap" else None
+        swap_pages = cache.cfg.num_pages if config.swap_pages is None else config.swap_pages
+        self.swap = SwapArena(cache, swap_pages) if self.preemption_mode == "swap" else None
         self._arena_tokens = cache.cfg.num_slots
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []     # in admission order: the last is the next victim
         self.num_preemptions = 0
         self.num_swapped_out = 0
         self.num_swapped_in = 0
-        # Prefix-cache reuse, split by why the tokens were known (see Engine.metrics):
-        self.num_prompt_tokens = 0           # prompts at their first admission
-        self.num_prompt_hit_tokens = 0       # ... of which the prefix cache served
-        self.num_readmitted_tokens = 0       # tokens known again after a preemption
-        self.num_readmitted_hit_tokens = 0   # ... of which the prefix cache served
         self.num_admissions = 0
 
     # ------------------------------------------------------------------ step
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
-        preempted = False
+        preemptions_before = self.num_preemptions
 
         # 1. Running sequences, oldest first.
         i = 0
@@ -184,29 +113,12 @@ class Scheduler:
             if req.num_computed_tokens == req.num_tokens:       # a failed step: see _recompute_last
                 self._recompute_last(self.running.pop(i))
                 continue
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            slots = None
-            while slots is None:
-                if req.num_computed_tokens + n > self._arena_tokens:   # rare: cap to the arena
-                    n = min(n, self._max_new_tokens(req))
-                if n < 1:
-                    break
-                try:
-                    slots = self.cache.allocate_slots(req.seq_id, n)
-                except OutOfPages:
-                    if len(self.running) == 1:           # alone: shrink the chunk to fit
-                        n = min(n - 1, self._tokens_that_fit(req))
-                        continue
-                    victim = self.running.pop()          # the newest, maybe req itself
-                    self._preempt(victim)
-                    preempted = True
-                    if victim is req:
-                        break
-            if slots is not None:
-                out.scheduled.append((req, n, slots))
+            n = self._make_room(req, min(req.num_tokens - req.num_computed_tokens, budget))
+            if n > 0:
+                out.scheduled.append((req, n, self.cache.allocate_slots(req.seq_id, n)))
                 budget -= n
                 i += 1
-            elif i < len(self.running) and self.running[i] is req:  # alone, nothing fits
+            elif req.status == RUNNING:                  # alone, and not one token fits
                 out.failed.append((req, self._too_big(req)))
                 self.remove(req)                         # its pages are free right now
             else:                                        # req preempted itself
@@ -214,6 +126,7 @@ class Scheduler:
 
         # 2. Waiting sequences, in the schedule's order, if this step preempted nobody.
         seats = sum(s.seats for s in self.running)
+        preempted = self.num_preemptions > preemptions_before
         queue = list(self.waiting) if self.waiting and budget > 0 and not preempted else []
         for pos in self._admission_order(queue):
             req = queue[pos]
@@ -226,21 +139,50 @@ class Scheduler:
                     self.remove(req)
                     continue
                 break
-            n, slots = admitted
+            n, slots, n_known, n_hit = admitted
             self.waiting.remove(req)
             self.num_admissions += 1
-            req.status = RUNNING
             self.running.append(req)
             seats += req.seats
             out.scheduled.append((req, n, slots))
+            out.admitted.append((req, n_known, n_hit))
             budget -= n
         return out
+
+    def _make_room(self, req: Request, n: int) -> int:
+        """Tokens of running ``req`` (at most ``n``) whose pages are there now; 0 if none.
+
+        Asks the cache, and while the answer is no preempts the newest running
+        sequence (maybe ``req`` itself: then 0, and ``req`` is no longer
+        running) or, when ``req`` runs alone, shrinks its chunk.
+        """
+        while True:
+            if req.num_computed_tokens + n > self._arena_tokens:   # rare: cap to the arena
+                n = min(n, self._max_new_tokens(req))
+            if n < 1:
+                return 0
+            if self.cache.can_allocate(req.seq_id, n):
+                return n
+            if len(self.running) == 1:                   # alone: shrink the chunk to fit
+                n = min(n - 1, self._tokens_that_fit(req))
+                continue
+            victim = self.running.pop()                  # the newest, maybe req itself
+            self._preempt(victim)
+            if victim is req:
+                return 0
 
     # ------------------------------------------------------------- admission
     def add(self, req: Request) -> None:
         """A new request joins the back of the waiting queue."""
         req.queued_at = self.num_admissions
         self.waiting.append(req)
+
+    def fork(self, req: Request, child: Request) -> None:
+        """``child`` shares ``req``'s pages (copy-on-write later) and runs beside it."""
+        self.cache.fork(req.seq_id, child.seq_id)
+        child.seq = self.cache.sequence(child.seq_id)
+        child.status = RUNNING
+        self.running.append(child)
 
     def _requeue(self, req: Request) -> None:
         """A preempted request goes back to the front of the queue."""
@@ -257,77 +199,63 @@ class Scheduler:
 
     def _cached_prefix(self, req: Request) -> int:
         """Tokens of what ``req`` would ask ``add_sequence`` for that are cached now."""
-        known = req.token_ids[:req.num_computed_tokens] if req.status == SWAPPED else req.token_ids
-        if self.cache.tree is not None:
-            return self.cache.num_cached_prefix_tokens(known)
-        if req.prompt_hashes is None or req.prompt_hashes[0] != len(known):
-            # The hash chain of a prompt is fixed: make it once, as vLLM keeps it on its Request.
-            req.prompt_hashes = (len(known), self.cache.prompt_page_hashes(known))
-        return self.cache.num_cached_prefix_tokens(known, page_hashes=req.prompt_hashes[1])
+        # The index may keep what it derives from the tokens (a hash chain) in the
+        # request's memo, as vLLM keeps block hashes on its Request: the tokens only grow.
+        return self.cache.num_cached_prefix_tokens(req.tokens(0, self._num_known(req)),
+                                                   memo=req.prefix_memo)
+
+    @staticmethod
+    def _num_known(req: Request) -> int:
+        """Tokens admission hands the cache: those swapped out, or all it knows."""
+        return req.num_swapped_tokens if req.status == SWAPPED else req.num_tokens
 
     def _admit(self, req: Request, budget: int):
-        """Put ``req`` in the cache and give it its first chunk; None (undone) if short."""
+        """Put ``req`` in the cache and size its first chunk.
+
+        Returns ``(n, slots, num_known, num_hit)``, or None, with ``req`` out
+        of the cache again, when the pages are not there.
+        """
         cache = self.cache
         swapped = req.status == SWAPPED
-        known = req.token_ids[:req.num_computed_tokens] if swapped else req.token_ids
-        n_hit = cache.add_sequence(req.seq_id, known)   # prefix pages: no compute
-        if req.num_preemptions == 0 and req.sample.index == 0:
-            req.parent.output.num_cached_prompt_tokens = n_hit
-        try:
-            if swapped:
-                if n_hit < req.num_computed_tokens:
-                    self.swap.swap_in(cache, req, n_hit)
-            else:
-                req.num_computed_tokens = n_hit
-                self.release_outside_window(req)
-            n = min(req.num_tokens - req.num_computed_tokens, budget, self._max_new_tokens(req))
-            if n < 1:
-                raise OutOfPages("no room for a single token")
-            slots = cache.allocate_slots(req.seq_id, n)
-        except BaseException as e:                       # OutOfPages, or a fault mid-swap-in
-            cache.free(req.seq_id)                       # undo; the swap copy stays
-            if not swapped:
-                req.num_computed_tokens = 0
-            if not isinstance(e, OutOfPages):
-                raise                                    # nothing is left half-admitted
+        n_known = self._num_known(req)
+        n_hit = cache.add_sequence(req.seq_id, req.tokens(0, n_known))  # prefix: no compute
+        req.seq = cache.sequence(req.seq_id)
+        if not swapped:
+            self.release_outside_window(req)
+        n = min(req.num_tokens - req.num_computed_tokens, budget, self._max_new_tokens(req))
+        # A swapped request first gets back the tokens the prefix cache did not serve.
+        n_copy = n_known - n_hit if swapped else 0
+        if n < 1 or not cache.can_allocate(req.seq_id, n_copy + n):
+            self._free(req)
             return None
+        try:
+            if n_copy:
+                self.swap.swap_in(cache, req, n_hit)
+            slots = cache.allocate_slots(req.seq_id, n)
+        except BaseException:                            # a fault mid-swap-in
+            self._free(req)                              # nothing is left half-admitted;
+            raise                                        # the swap copy stays
+        req.status = RUNNING
         if swapped:
             self.swap.release(req)
             self.num_swapped_in += 1
-        self._count_reuse(req, len(known), n_hit)
-        return n, slots
-
-    def _count_reuse(self, req: Request, n_known: int, n_hit: int) -> None:
-        """Count an admission's prefix hits as prompt hits or as reuse after preemption.
-
-        A request preempted by recompute comes back with its prompt *and* its
-        generated tokens, and finds many of its own pages still cached: that is
-        the cache saving recomputation, not prompts sharing a prefix, so it is
-        kept apart from the prompt hit rate.
-        """
-        if req.num_preemptions == 0:
-            if req.sample.index == 0:                    # the prompt, seen for the first time
-                self.num_prompt_tokens += n_known
-                self.num_prompt_hit_tokens += n_hit
-        else:
-            self.num_readmitted_tokens += n_known
-            self.num_readmitted_hit_tokens += n_hit
+        return n, slots, n_known, n_hit
 
     # ------------------------------------------------------------ preemption
     def _preempt(self, req: Request) -> None:
         """Take ``req`` out of the cache and put it at the front of the queue."""
         self.num_preemptions += 1
         req.num_preemptions += 1
+        n_computed = req.num_computed_tokens
         host = None
-        if self.swap is not None and self.window is None and req.num_computed_tokens > 0:
+        if self.swap is not None and self.window is None and n_computed > 0:
             host = self.swap.swap_out(self.cache, req)
-        self.cache.free(req.seq_id)
+        self._free(req)
         if host is not None:
-            req.swap_pages = host
+            req.swap_pages, req.num_swapped_tokens = host, n_computed
             req.status = SWAPPED
             self.num_swapped_out += 1
         else:                                            # recompute from scratch
-            req.num_computed_tokens = 0
             req.status = WAITING
         self._requeue(req)
 
@@ -339,8 +267,7 @@ class Scheduler:
         sequence; its full pages are still cached, so only the last page's
         tokens are computed again.
         """
-        self.cache.free(req.seq_id)
-        req.num_computed_tokens = 0
+        self._free(req)
         req.num_preemptions += 1                         # keeps its first prefix-hit count
         req.status = WAITING
         self._requeue(req)
@@ -351,11 +278,16 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        if req.seq_id in self.cache:
-            self.cache.free(req.seq_id)
+        if req.seq is not None:
+            self._free(req)
         if req.swap_pages is not None:
             self.swap.release(req)
         req.status = FINISHED
+
+    def _free(self, req: Request) -> None:
+        """Take ``req`` out of the cache (its pages go back to the pool)."""
+        self.cache.free(req.seq_id)
+        req.seq = None
 
     # --------------------------------------------------------- sliding window
     def release_outside_window(self, req: Request) -> None:
@@ -372,8 +304,8 @@ class Scheduler:
 
     def _tokens_that_fit(self, req: Request) -> int:
         """Tokens ``req`` can add with its pages plus every free or cached one."""
-        held = len(self.cache.sequence(req.seq_id).block_table)
-        total = (held + self.cache.pool.num_available) * self.cache.page_size
+        held = len(req.seq.block_table)
+        total = (held + self.cache.num_available_pages) * self.cache.page_size
         return total - req.num_computed_tokens
 
     def _too_big(self, req: Request) -> str:

@@ -1,0 +1,69 @@
+"""Host swap space for preempted sequences (vLLM's CPU swap space).
+
+With ``preemption_mode="swap"`` the scheduler copies a victim's pages here
+before freeing them, and copies them back when the victim is admitted again
+(pages still found in the cache by prefix are not even copied). The scheduler
+asks the cache for room first (``can_allocate``), so :meth:`SwapArena.swap_in`
+runs only when the pages are there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .request import Request
+
+
+class SwapArena:
+    """Host memory for preempted sequences' pages.
+
+    Same layout as the cache's arena, ``[num_layers, 2, swap_pages, Hkv,
+    page_size, D]``, with its own free list.
+    """
+
+    def __init__(self, cache, num_pages: int):
+        shape = list(cache.arena.shape)
+        shape[2] = num_pages
+        self.data = np.zeros(shape, dtype=cache.arena.dtype)
+        self.page_size = cache.page_size
+        self._free = list(range(num_pages - 1, -1, -1))
+
+    @property
+    def num_pages(self) -> int:
+        return self.data.shape[2]
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def swap_out(self, cache, req: Request) -> list | None:
+        """Copy the pages of ``req``'s computed tokens to the host; None if no room."""
+        n_pages = -(-req.num_computed_tokens // self.page_size)
+        pages = cache.block_table(req.seq_id)[:n_pages]             # [n_pages] page ids
+        if n_pages > len(self._free) or (pages < 0).any():
+            return None
+        host = [self._free.pop() for _ in range(n_pages)]
+        self.data[:, :, host] = cache.arena[:, :, pages]            # every layer, K and V
+        return host
+
+    def swap_in(self, cache, req: Request, start: int) -> None:
+        """Write positions ``[start, num_swapped_tokens)`` back into the cache.
+
+        The caller has checked ``cache.can_allocate`` for these tokens.
+        """
+        end = req.num_swapped_tokens
+        slots = cache.allocate_slots(req.seq_id, end - start)       # [n] int64
+        pos = np.arange(start, end)                                 # [n] positions
+        host = np.asarray(req.swap_pages)[pos // self.page_size]    # [n] host pages
+        off = pos % self.page_size                                  # [n]
+        for layer in range(self.data.shape[0]):
+            k = self.data[layer, 0][host, :, off]                   # [n, Hkv, D]
+            v = self.data[layer, 1][host, :, off]                   # [n, Hkv, D]
+            cache.write_kv(layer, slots, k, v)
+        cache.append_tokens(req.seq_id, req.tokens(start, end))
+
+    def release(self, req: Request) -> None:
+        """Give ``req``'s host pages back to the free list."""
+        self._free.extend(req.swap_pages or ())
+        req.swap_pages = None
+        req.num_swapped_tokens = 0
