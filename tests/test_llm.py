@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import paged_np as pnp
-from paged_np.engine.llm import parse_bytes
+from paged_np.config import parse_bytes
 from paged_np.engine.verify import check_greedy
 
 

@@ -12,8 +12,11 @@ token ids only. It adds what a caller holding text needs:
 
 1. **tokenize** the prompt (a string), or render a conversation through the
    checkpoint's chat template first (:meth:`LLM.chat`);
-2. **size the cache once**: ``kv_cache_memory`` bytes become a number of
-   pages (every page holds K and V of ``page_size`` tokens in every layer);
+2. **size the cache once**: every engine option
+   (:class:`~paged_np.config.EngineConfig`'s fields: ``kv_cache_memory`` or
+   ``num_pages``, ``prefix_cache``, ``schedule``, ``preemption_mode``, ...)
+   goes into the one config the engine reads; ``kv_cache_memory`` bytes become
+   pages there (:attr:`CacheConfig.bytes_per_page`);
 3. **detokenize incrementally**: each new token goes through an
    :class:`~paged_np.models.tokenizer.IncrementalDetokenizer`, so a
    character split over two tokens is never printed half;
@@ -31,6 +34,17 @@ Two ways to drive it, as in vLLM:
   :meth:`LLM.step` (returns the requests that produced text this step, as
   snapshots), :meth:`LLM.abort`, :meth:`LLM.has_unfinished_requests`.
 
+What the LLM keeps of a request is only its *text side*, keyed by request
+id (:class:`_TextState`: a detokenizer per sample, the text so far, the stop
+strings). The request itself, its token ids, finish reasons and cached-token
+count, is the engine's one record, read through
+:meth:`Engine.request_output`; the LLM writes into that output only the
+fields the engine cannot know (``prompt``, each sample's ``text``) and ends
+samples through :meth:`Engine.finish_sample`. Text state stays here rather
+than on the engine's record because the engine works on token ids and knows
+nothing of tokenizers: a server or a benchmark drives the same engine
+without it.
+
 Compared with vLLM: one process and one thread, no async engine, no
 tokenizer pool, no logprobs; ``max_model_len`` is the smaller of the
 model's context and what the whole cache holds.
@@ -42,54 +56,31 @@ import copy
 import dataclasses
 import itertools
 import numbers
-import re
 from pathlib import Path
 
 import numpy as np
 
-from ..checks import check_int, check_positive_int
+from ..checks import check_int
+from ..config import EngineConfig
 from ..errors import DTypeError, InvalidArgument, UnknownRequest
 from .engine import Engine
 from .outputs import RequestOutput
 from .sampling import SamplingParams
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
-          "gb": 1000**3, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+#: Where the LLM's defaults differ from the engine's (more seats, longer steps,
+#: as vLLM's offline LLM); the cache is 256 MiB unless sized (EngineConfig's default).
+LLM_DEFAULTS = dict(max_num_seqs=16, max_num_batched_tokens=512)
 
 
-def parse_bytes(value, name: str = "kv_cache_memory") -> int:
-    """``"256MiB"``, ``"1.5GB"``, ``"4096"`` or an int -> bytes (1 KiB = 1024, 1 KB = 1000)."""
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", value)
-        if m is None or m.group(2).lower() not in _UNITS:
-            raise InvalidArgument(f"{name}: cannot read {value!r} as a size; write e.g. "
-                                  "'256MiB', '1GiB' or a number of bytes")
-        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    else:
-        try:
-            n = check_int(name, value)
-        except DTypeError:
-            raise DTypeError(f"{name} must be a number of bytes or a str like '256MiB', got "
-                             f"{type(value).__name__}") from None
-    if n <= 0:
-        raise InvalidArgument(f"{name} must be > 0 bytes, got {value!r}")
-    return n
+class _TextState:
+    """The text side of one request: what the engine, working on ids, cannot keep."""
 
-
-def page_nbytes(model_cfg, page_size: int) -> int:
-    """Bytes of one page: K and V, ``page_size`` tokens, every layer and KV head, float32."""
-    return 2 * model_cfg.num_layers * model_cfg.num_kv_heads * page_size * model_cfg.head_dim * 4
-
-
-class _Tracked:
-    """The LLM's record of one request: the engine's live output and the text side."""
-
-    def __init__(self, engine_out: RequestOutput, out: RequestOutput, detoks: list,
-                 stops: tuple):
-        self.engine_out = engine_out          # the engine's, token ids updated each step
-        self.out = out                        # ours: text, cut token ids, finish reasons
+    def __init__(self, output: RequestOutput, detoks: list, stops: tuple):
+        self.output = output                  # the engine's: ids, finish reasons, our text
         self.detoks = detoks                  # one IncrementalDetokenizer per sample
         self.full = ["" for _ in detoks]      # each sample's whole text so far
+        self.seen = [0 for _ in detoks]       # tokens of each sample already detokenized
+        self.ended = [False for _ in detoks]  # whether a sample's end was reported
         self.stops = stops
         self.hold = max((len(s) for s in stops), default=1) - 1
 
@@ -98,7 +89,8 @@ class LLM:
     """An instruct model served on the paged cache, with vLLM's offline API.
 
     Once built, it exposes ``engine`` (the :class:`~paged_np.Engine`, with
-    its cache and metrics), ``tokenizer``, ``model_name`` and ``max_model_len``.
+    its config, cache and metrics), ``tokenizer``, ``model_name`` and
+    ``max_model_len``.
 
     Parameters
     ----------
@@ -106,25 +98,29 @@ class LLM:
         Hugging Face directory, or a :class:`~paged_np.models.llama.LlamaModel`
         (then ``tokenizer`` is required).
     tokenizer : a :class:`~paged_np.models.tokenizer.Tokenizer` (default: the checkpoint's).
-    kv_cache_memory : bytes for the arena (an int or ``"256MiB"``); or
-    num_pages : the arena's size in pages (give one of the two; default ``"256MiB"``).
-    page_size, max_num_seqs, max_num_batched_tokens, backend, eviction_policy,
-    preemption_mode : passed to :class:`~paged_np.Engine`
-        (``max_num_batched_tokens`` defaults to 512).
     seed : default seed for sampling params that have none (reproducible runs).
     verbose : print the arena's size.
+    config : an :class:`~paged_np.config.EngineConfig`, optional.
+    **options : any engine option, by its EngineConfig field name:
+        ``kv_cache_memory`` (bytes, an int or ``"256MiB"``, the default) or
+        ``num_pages``, ``page_size``, ``max_num_seqs`` (default 16 here),
+        ``max_num_batched_tokens`` (default 512 here), ``prefix_cache``,
+        ``schedule``, ``preemption_mode``, ``swap_pages``, ``eviction_policy``,
+        ``backend``, ``record_events``. They replace fields of ``config``; the
+        LLM's own defaults apply only when no ``config`` is given.
 
     """
 
-    def __init__(self, model, *, tokenizer=None, kv_cache_memory=None, num_pages=None,
-                 page_size: int = 16, max_num_seqs: int = 16, max_num_batched_tokens=None,
-                 backend: str = "auto", eviction_policy: str = "lru",
-                 preemption_mode: str = "recompute", seed: int | None = 0,
-                 verbose: bool = True):
+    def __init__(self, model, *, tokenizer=None, seed: int | None = 0, verbose: bool = True,
+                 config: EngineConfig | None = None, **options):
         from ..models import LlamaModel, Tokenizer, load_model
 
-        if kv_cache_memory is not None and num_pages is not None:
+        if options.get("kv_cache_memory") is not None and options.get("num_pages") is not None:
             raise InvalidArgument("give kv_cache_memory or num_pages, not both")
+        options = {k: v for k, v in options.items() if not (k in LLM_DEFAULTS and v is None)}
+        if config is None:
+            options = {**LLM_DEFAULTS, **options}
+        engine_config = EngineConfig.from_options(config, **options)  # checked before loading
         if seed is not None:
             seed = check_int("seed", seed, low=0)
         if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
@@ -144,33 +140,20 @@ class LLM:
         if tokenizer.vocab_size > model.cfg.vocab_size:
             raise InvalidArgument(f"tokenizer: its {tokenizer.vocab_size} ids do not fit the "
                                   f"model's vocab_size={model.cfg.vocab_size}")
-        page_size = check_positive_int("page_size", page_size)
-        per_page = page_nbytes(model.cfg, page_size)
-        if num_pages is None:
-            budget = parse_bytes("256MiB" if kv_cache_memory is None else kv_cache_memory)
-            num_pages = budget // per_page
-            if num_pages < 1:
-                raise InvalidArgument(f"kv_cache_memory={kv_cache_memory!r} is less than one "
-                                      f"page ({per_page:,} bytes)")
-        if max_num_batched_tokens is None:
-            max_num_batched_tokens = 512
-        self.engine = Engine(model, num_pages=num_pages, page_size=page_size,
-                             max_num_seqs=max_num_seqs,
-                             max_num_batched_tokens=max_num_batched_tokens,
-                             preemption_mode=preemption_mode, eviction_policy=eviction_policy,
-                             backend=backend)
+        self.engine = Engine(model, engine_config)
         self.model = model
         self.tokenizer = tokenizer
         self.seed = None if seed is None else int(seed)
-        cache_tokens = self.engine.cache.cfg.num_pages * self.engine.cache.cfg.page_size
-        self.max_model_len = min(model.cfg.max_position_embeddings, cache_tokens)
-        self._live: dict = {}                 # request id -> _Tracked, unfinished
+        ccfg = self.engine.cache.cfg
+        self.max_model_len = min(model.cfg.max_position_embeddings, ccfg.num_slots)
+        self._live: dict = {}                 # request id -> _TextState, unfinished
         self._ids = itertools.count()
         if verbose:
-            n = self.engine.cache.cfg.num_pages
-            print(f"paged_np: KV cache {n} pages x {page_size} tokens = {cache_tokens:,} tokens, "
-                  f"{n * per_page / 2**20:.1f} MiB ({per_page / 1024:.0f} KiB a page), "
-                  f"allocated once; max_model_len {self.max_model_len:,}")
+            per_page = ccfg.bytes_per_page
+            print(f"paged_np: KV cache {ccfg.num_pages} pages x {ccfg.page_size} tokens = "
+                  f"{ccfg.num_slots:,} tokens, {ccfg.num_pages * per_page / 2**20:.1f} MiB "
+                  f"({per_page / 1024:.0f} KiB a page), allocated once; "
+                  f"max_model_len {self.max_model_len:,}")
 
     def get_tokenizer(self):
         return self.tokenizer
@@ -300,9 +283,9 @@ class LLM:
         seed = params.seed if own_seed else self.seed
         engine_params = dataclasses.replace(params, max_tokens=min(params.max_tokens, room),
                                             stop_token_ids=stops, seed=seed)
-        if engine_params.n > self.engine.max_num_seqs:
+        if engine_params.n > self.engine.config.max_num_seqs:
             raise InvalidArgument(f"SamplingParams.n={params.n} exceeds "
-                                  f"max_num_seqs={self.engine.max_num_seqs}")
+                                  f"max_num_seqs={self.engine.config.max_num_seqs}")
         return text, token_ids, engine_params, (0 if own_seed else None)
 
     def _add(self, request_id, text, token_ids, params, request_index=None) -> None:
@@ -310,12 +293,10 @@ class LLM:
 
         self.engine.add_request(token_ids, params, request_id=request_id,
                                 request_index=request_index)
-        engine_out = self.engine.request_output(request_id)
-        out = RequestOutput(request_id, list(token_ids),
-                            [dataclasses.replace(s, token_ids=[]) for s in engine_out.samples],
-                            prompt=text)
-        detoks = [IncrementalDetokenizer(self.tokenizer, token_ids) for _ in out.samples]
-        self._live[request_id] = _Tracked(engine_out, out, detoks, params.stop)
+        output = self.engine.request_output(request_id)
+        output.prompt = text
+        detoks = [IncrementalDetokenizer(self.tokenizer, token_ids) for _ in output.samples]
+        self._live[request_id] = _TextState(output, detoks, params.stop)
 
     def step(self) -> list[RequestOutput]:
         """One engine step; the requests whose text or state changed, as snapshots.
@@ -325,72 +306,62 @@ class LLM:
         """
         self.engine.step()                         # finished ones are also in our live view
         changed = []
-        for rid, tr in list(self._live.items()):
-            moved = self._advance(rid, tr)
-            if tr.out.finished:
+        for rid, ts in list(self._live.items()):
+            moved = self._advance(rid, ts)
+            if ts.output.finished:
                 del self._live[rid]
-            if moved or tr.out.finished:
-                changed.append(self._snapshot(tr))
+            if moved or ts.output.finished:
+                changed.append(self._snapshot(ts.output))
         return changed
 
-    def _advance(self, rid, tr: _Tracked) -> bool:
+    def _advance(self, rid, ts: _TextState) -> bool:
         """Feed each sample's new tokens through its detokenizer and stop strings."""
         moved = False
-        eng = tr.engine_out
-        tr.out.num_cached_prompt_tokens = eng.num_cached_prompt_tokens
-        tr.out.error = eng.error
-        for j, (src, dst) in enumerate(zip(eng.samples, tr.out.samples)):
-            if dst.finished:
-                continue
-            for tok in src.token_ids[len(dst.token_ids):]:
+        for j, sample in enumerate(ts.output.samples):
+            for tok in sample.token_ids[ts.seen[j]:]:
                 moved = True
-                dst.token_ids.append(tok)
-                old = len(tr.full[j])
-                tr.full[j] += tr.detoks[j].push(tok)
-                hit = self._find_stop(tr, tr.full[j], old)
+                ts.seen[j] += 1
+                old = len(ts.full[j])
+                ts.full[j] += ts.detoks[j].push(tok)
+                hit = self._find_stop(ts, ts.full[j], old)
                 if hit is not None:
                     pos, stop = hit
-                    tr.full[j] = tr.full[j][:pos]
-                    dst.finish_reason, dst.stop_reason = "stop", stop
-                    if not src.finished:
-                        self.engine.finish_sample(rid, j, "stop")
+                    ts.full[j] = ts.full[j][:pos]
+                    if sample.finished:            # ended by the engine this very step:
+                        sample.finish_reason, sample.stop_reason = "stop", stop  # text wins
+                    else:
+                        self.engine.finish_sample(rid, j, "stop", stop_reason=stop)
                     break
-            if not dst.finished and src.finished and len(dst.token_ids) == len(src.token_ids):
-                dst.finish_reason = src.finish_reason
-                moved = True
-                if src.finish_reason == "stop" and src.token_ids:
-                    dst.stop_reason = src.token_ids[-1]
-            visible = tr.full[j] if dst.finished else tr.full[j][:len(tr.full[j]) - tr.hold]
-            if len(visible) > len(dst.text):
-                dst.text = visible
-        if eng.error is not None and not tr.out.finished:     # finished by the engine at once
-            for s in tr.out.samples:
-                s.finish_reason = s.finish_reason or "error"
+            if sample.finished and not ts.ended[j]:
+                ts.ended[j] = moved = True
+            visible = ts.full[j] if sample.finished else ts.full[j][:len(ts.full[j]) - ts.hold]
+            if len(visible) > len(sample.text):
+                sample.text = visible
         return moved
 
     @staticmethod
-    def _find_stop(tr: _Tracked, text: str, old: int):
+    def _find_stop(ts: _TextState, text: str, old: int):
         """The earliest stop string that ends after ``old``: ``(start, stop)`` or None."""
         best = None
-        for stop in tr.stops:
+        for stop in ts.stops:
             i = text.find(stop, max(0, old - len(stop) + 1))
             if i >= 0 and (best is None or i < best[0]):
                 best = (i, stop)
         return best
 
     @staticmethod
-    def _snapshot(tr: _Tracked) -> RequestOutput:
-        out = copy.copy(tr.out)
-        out.samples = [dataclasses.replace(s, token_ids=list(s.token_ids)) for s in tr.out.samples]
-        out.prompt_token_ids = list(tr.out.prompt_token_ids)
+    def _snapshot(output: RequestOutput) -> RequestOutput:
+        out = copy.copy(output)
+        out.samples = [dataclasses.replace(s, token_ids=list(s.token_ids)) for s in output.samples]
+        out.prompt_token_ids = list(output.prompt_token_ids)
         return out
 
     def abort(self, request_id) -> None:
         """Stop a request now: its pages go back to the pool; it is not returned by step()."""
-        tr = self._live.pop(request_id, None)
-        if tr is None:
+        ts = self._live.pop(request_id, None)
+        if ts is None:
             raise UnknownRequest(f"request_id {request_id!r} is not running or waiting")
-        if not tr.engine_out.finished:
+        if not ts.output.finished:
             self.engine.abort(request_id)
 
     def has_unfinished_requests(self) -> bool:
