@@ -8,10 +8,10 @@ import paged_np as pnp
 
 
 def small_cache(num_pages=8, page_size=4, num_layers=2, num_kv_heads=2, head_dim=8,
-                policy="lru", dtype=np.float32) -> pnp.PagedKVCache:
+                policy="lru", dtype=np.float32, prefix_cache="hash") -> pnp.PagedKVCache:
     cfg = pnp.CacheConfig(num_pages=num_pages, page_size=page_size, num_layers=num_layers,
                           num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
-                          eviction_policy=policy)
+                          eviction_policy=policy, prefix_cache=prefix_cache)
     return pnp.PagedKVCache(cfg)
 
 
@@ -68,12 +68,12 @@ def snapshot(cache) -> dict:
     pool = cache.pool
     return {
         "stats": cache.stats(),
-        "seqs": {sid: (list(s.token_ids), list(s.block_table), list(s.page_hashes),
-                       s.num_pending) for sid, s in cache._seqs.items()},
-        "ref": list(pool._ref),
+        "seqs": {sid: (list(s.token_ids), list(s.block_table), s.prefix_handle,
+                       s.num_indexed_pages, s.num_pending) for sid, s in cache._seqs.items()},
+        "ref": [pool.ref_count(p) for p in range(pool.num_pages)],
         "free": list(pool._free),
         "order": pool.eviction_order(),
-        "index": dict(pool._index),
+        "index": cache.prefix_index.pages(),
         "events": len(cache.events),
         "arena": cache.arena.copy(),
     }

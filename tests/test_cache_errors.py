@@ -5,6 +5,7 @@ import pytest
 from cache_helpers import add_and_fill, assert_same_state, small_cache, snapshot
 
 import paged_np as pnp
+from paged_np.cache import HashIndex
 
 
 @pytest.mark.parametrize("kwargs, err, name", [
@@ -26,7 +27,9 @@ def test_bad_pool_arguments():
     with pytest.raises(pnp.InvalidArgument, match="num_pages"):
         pnp.PagePool(0, 16)
     with pytest.raises(pnp.InvalidArgument, match="eviction_policy"):
-        pnp.PagePool(4, 16, "mru")
+        pnp.PagePool(4, 16, HashIndex(16, "mru"))
+    with pytest.raises(pnp.DTypeError, match="prefix_index"):
+        pnp.PagePool(4, 16, "lru")
 
 
 def test_cache_needs_config():
@@ -88,15 +91,14 @@ BAD_CALLS = [
     (lambda c: c.batch(["a", "zz"]), pnp.UnknownSequence, "seq_id"),
     (lambda c: c.block_table("zz"), pnp.UnknownSequence, "seq_id"),
     (lambda c: c.layer(5), pnp.IndexOutOfRange, "layer"),
-    (lambda c: c.touch(0), pnp.StalePage, "page_id"),
+    (lambda c: c.mark_used(0), pnp.StalePage, "page_id"),
     (lambda c: c.pool.free(5), pnp.StalePage, "page_id"),
     (lambda c: c.pool.free(6), pnp.IndexOutOfRange, "page_id"),
     (lambda c: c.pool.free(-1), pnp.IndexOutOfRange, "page_id"),
     (lambda c: c.pool.ref_count("3"), pnp.DTypeError, "page_id"),
     (lambda c: c.pool.share(5), pnp.StalePage, "page_id"),
-    (lambda c: c.pool.acquire(1), pnp.StalePage, "page_id"),
-    (lambda c: c.pool.register(5, b"x" * 32, [1]), pnp.StalePage, "page_id"),
-    (lambda c: c.pool.register(0, "h", [1]), pnp.DTypeError, "page_hash"),
+    (lambda c: c.pool.touch(1), pnp.StalePage, "page_id"),
+    (lambda c: c.prefix_index.register(0, "h", [1]), pnp.DTypeError, "page_hash"),
 ]
 
 

@@ -72,13 +72,14 @@ class CacheMachine(RuleBasedStateMachine):
         self.cache = small_cache(num_pages=NUM_PAGES, page_size=3, num_layers=2,
                                  num_kv_heads=1, head_dim=4, policy=self.policy)
         self.model = PolicyModel(self.policy)
-        self.cache.pool.listener = self._listen  # wrap the cache's own listener
+        # Wrap the cache's own listener on the pool and on the index (evictions).
+        self.cache.pool.listener = self.cache.prefix_index.listener = self._listen
         self.next_id = 0
         self.family = {}  # seq id -> id of the fork root it descends from
 
-    def _listen(self, kind, page):
+    def _listen(self, kind, page, seq_id):
         self.model.on_event(kind, page)
-        self.cache._on_pool_event(kind, page)
+        self.cache._log(kind, page, seq_id)
 
     def live(self):
         return self.cache.seq_ids
@@ -125,9 +126,9 @@ class CacheMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.cache.pool.num_cached)
     @rule(data=st.data())
-    def touch(self, data):
+    def mark_used(self, data):
         page = data.draw(st.sampled_from(self.cache.pool.eviction_order()))
-        self.cache.touch(page)
+        self.cache.mark_used(page)
         self.model.on_touch(page)
 
     @rule()
@@ -155,7 +156,7 @@ class CacheMachine(RuleBasedStateMachine):
                 holders.setdefault(p, []).append(sid)
         for p, sids in holders.items():
             if len(sids) > 1:
-                indexed = self.cache.pool.page_hash(p) is not None
+                indexed = self.cache.prefix_index.page_hash(p) is not None
                 one_family = len({self.family[s] for s in sids}) == 1
                 assert indexed or one_family, f"page {p} shared by {sids} without a reason"
 

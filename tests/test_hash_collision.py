@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 from cache_helpers import add_and_fill, expected_kv, read_kv, small_cache
 
-from paged_np.cache import kv_cache
+from paged_np.cache import hash_index
 
 
 def test_colliding_hashes_never_share_kv(monkeypatch):
     """Every page hashes to the same value: only identical tokens may hit."""
-    monkeypatch.setattr(kv_cache, "hash_page", lambda parent, tokens, key=None: b"\x00" * 32)
+    monkeypatch.setattr(hash_index, "hash_page", lambda parent, tokens, key=None: b"\x00" * 32)
     cache = small_cache(num_pages=8, page_size=4)
     a = [1, 2, 3, 4, 5, 6, 7, 8, 9]
     add_and_fill(cache, "a", a)
@@ -19,7 +19,7 @@ def test_colliding_hashes_never_share_kv(monkeypatch):
 
     b = [11, 12, 13, 14, 15, 16, 17, 18, 19]          # other tokens, the same "hash"
     assert add_and_fill(cache, "b", b) == 0           # no hit: the tokens differ
-    cached_a = set(cache.pool._index.values())
+    cached_a = set(cache.prefix_index.pages())
     assert not cached_a & set(cache.block_table("b").tolist())
     for layer in range(cache.cfg.num_layers):         # b reads its own K/V, not a's
         k, v = read_kv(cache, "b", layer)

@@ -134,7 +134,8 @@ def test_duplicate_contents_stay_out_of_index_and_go_free():
     extend(cache, "a", [1, 2, 3, 4, 5])
     extend(cache, "b", [1, 2, 3, 4, 5])
     pa, pb = cache.block_table("a")[0], cache.block_table("b")[0]
-    assert cache.pool.page_hash(pa) is not None and cache.pool.page_hash(pb) is None
+    assert (cache.prefix_index.page_hash(pa) is not None
+            and cache.prefix_index.page_hash(pb) is None)
     cache.free("b")
     assert cache.pool.state(pb) == "free"
     cache.free("a")
@@ -167,14 +168,14 @@ def test_lru_evicts_oldest_released_and_refreshes_on_hit():
     cache.check_invariants()
 
 
-def test_touch_moves_cached_page_to_young_end():
+def test_mark_used_moves_cached_page_to_young_end():
     pool = pnp.PagePool(4, 4)
     pages = [pool.allocate() for _ in range(3)]
     for i, p in enumerate(pages):
-        pool.register(p, bytes([i]) * 32, [i])
+        pool.prefix_index.register(p, bytes([i]) * 32, [i])
         pool.free(p)
     assert pool.eviction_order() == pages
-    pool.touch(pages[0])
+    pool.prefix_index.mark_used(pages[0])
     assert pool.eviction_order() == [pages[1], pages[2], pages[0]]
 
 
@@ -202,7 +203,7 @@ def test_fifo_ignores_hits_and_keeps_first_cached_time():
     assert cache.add_sequence("x2", [10, 11, 12]) == 2
     cache.free("x2")
     assert cache.pool.eviction_order() == order  # x's page is still first in line
-    cache.pool.touch(order[0])
+    cache.mark_used(order[0])
     assert cache.pool.eviction_order() == order
 
 
@@ -336,3 +337,36 @@ def test_stats_and_events_track_lifecycle():
     assert kinds.count((0, "allocate")) == 3
     assert kinds.count((1, "cache")) == 2 and kinds.count((1, "free")) == 1
     assert all(e.seq_id == "a" for e in cache.events)
+
+
+# ------------------------------------------------------------ ask before allocating
+@pytest.mark.parametrize("prefix_cache", ["hash", "radix"])
+def test_num_pages_needed_is_what_allocate_slots_takes(prefix_cache):
+    cache = small_cache(num_pages=8, page_size=4, prefix_cache=prefix_cache)
+    add_and_fill(cache, "a", [1, 2, 3, 4, 5, 6])             # 2 pages, the last half full
+    cache.fork("a", "b")                                     # b shares both pages
+    assert cache.num_available_pages == 6
+    assert cache.num_pages_needed("a", 1) == 1               # copy-on-write of the shared page
+    assert cache.num_pages_needed("a", 3) == 2               # the copy and one new page
+    assert cache.can_allocate("a", 3)
+    assert not cache.can_allocate("a", 26)                   # 7 pages: it fits, not now
+    before = snapshot(cache)
+    with pytest.raises(pnp.OutOfPages):
+        cache.allocate_slots("a", 26)
+    assert_same_state(before, snapshot(cache))               # asking and refusing change nothing
+    free_before = cache.num_available_pages
+    cache.allocate_slots("a", 3)
+    assert free_before - cache.num_available_pages == 2
+    with pytest.raises(pnp.SequenceTooLong):
+        cache.num_pages_needed("a", 100)
+    cache.check_invariants()
+
+
+def test_prefix_query_memo_keeps_the_page_hashes():
+    cache = small_cache(num_pages=8, page_size=2)
+    add_and_fill(cache, "a", [1, 2, 3, 4, 5])
+    memo = {}
+    assert cache.num_cached_prefix_tokens([1, 2, 3, 4, 9], memo=memo) == 4
+    assert len(memo["page_hashes"]) == 2
+    assert cache.num_cached_prefix_tokens([1, 2, 3, 4, 9, 9, 9], memo=memo) == 4
+    assert len(memo["page_hashes"]) == 3                     # extended, not recomputed

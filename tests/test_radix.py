@@ -23,7 +23,6 @@ def radix_cache(num_pages=16, page_size=2):
 @pytest.mark.parametrize("kwargs, match", [
     (dict(prefix_cache="trie"), "prefix_cache"),
     (dict(prefix_cache=None), "prefix_cache"),
-    (dict(prefix_cache="radix", eviction_policy="lfu"), "eviction_policy"),
 ])
 def test_bad_prefix_cache_is_refused_by_name(kwargs, match):
     with pytest.raises(pnp.InvalidArgument, match=match):
@@ -40,7 +39,7 @@ def test_engine_refuses_radix_with_a_sliding_window():
 def test_match_is_whole_pages_and_a_mid_edge_match_splits():
     tree = RadixCache(page_size=2)
     node, added = tree.insert((1, 2, 3, 4, 5, 6), [10, 11, 12])
-    tree.inc_lock_ref(node)
+    tree.lock(node)
     assert added == [10, 11, 12] and tree.num_nodes == 1
     pages, end = tree.match_prefix([1, 2, 3, 9, 9])        # agrees on 3 tokens: 1 page
     assert pages == [10] and tree.tokens_to(end) == (1, 2)
@@ -78,14 +77,14 @@ def test_evict_takes_lru_leaves_first_and_never_a_locked_node():
     a, _ = tree.insert((1, 2, 3, 4), [0, 1, 2, 3])
     b, _ = tree.insert((1, 2, 7, 8), [4, 5, 6, 7])          # splits a's edge after (1, 2)
     c, _ = tree.insert((9, 9), [8, 9])
-    tree.inc_lock_ref(b)                                   # b's path (1, 2, 7, 8) is in use
+    tree.lock(b)                                   # b's path (1, 2, 7, 8) is in use
     tree.match_prefix([9, 9])                              # c is the most recent
     assert tree.eviction_order() == [3, 2, 9, 8]           # a's tail, then c; never (1, 2)
     assert tree.evict(10) == [3, 2, 9, 8]
-    assert tree.evictable_pages == 0 and tree.evict(1) == []
+    assert tree.num_evictable == 0 and tree.evict(1) == []
     assert tree.match_prefix([1, 2, 7, 8])[0] == [0, 1, 6, 7]
     tree.check_invariants()
-    tree.dec_lock_ref(b)
+    tree.unlock(b)
     assert tree.evict(10) == [7, 6, 1, 0]                  # leaf first, then its parent
     assert tree.num_nodes == 0
     tree.check_invariants()
@@ -103,7 +102,7 @@ def test_evict_never_touches_a_locked_path(runs, k):
         next_page += len(key)
         node, _ = tree.insert(tuple(key), value)
         if lock:
-            tree.inc_lock_ref(node)
+            tree.lock(node)
             locked.append(node)
     keep = {p for n in locked for m in tree.path(n) for p in m.value}
     assert tree.eviction_order()[:k] == tree.evict(k)[:k]   # the replay predicts eviction
@@ -117,13 +116,13 @@ def test_evict_never_touches_a_locked_path(runs, k):
     (lambda t, n: n.key.reverse(), "first page"),
     (lambda t, n: setattr(n.parent, "lock_ref", 0), "hole"),
     (lambda t, n: t._page_node.__setitem__(1234, n), "page map"),
-    (lambda t, n: setattr(t, "evictable_pages", t.evictable_pages + 1), "evictable_pages"),
+    (lambda t, n: setattr(t, "_num_evictable", t.num_evictable + 1), "num_evictable"),
 ])
 def test_check_invariants_catches_corruption(corrupt, match):
     tree = RadixCache(page_size=1)
     tree.insert((1, 2, 3), [0, 1, 2])
     node, _ = tree.insert((1, 2, 5, 6), [3, 4, 5, 6])       # (1, 2) | (3) and (5, 6)
-    tree.inc_lock_ref(node)
+    tree.lock(node)
     tree.check_invariants()
     corrupt(tree, node)
     with pytest.raises(AssertionError, match=match):
@@ -134,7 +133,7 @@ def test_cache_check_invariants_catches_a_wrong_lock():
     cache = radix_cache()
     add_and_fill(cache, "a", [1, 2, 3, 4, 5])
     cache.check_invariants()
-    cache.tree.inc_lock_ref(cache.sequence("a").radix_node)   # a lock no sequence owns
+    cache.prefix_index.lock(cache.sequence("a").prefix_handle)   # a lock no sequence owns
     with pytest.raises(AssertionError, match="lock_ref"):
         cache.check_invariants()
 

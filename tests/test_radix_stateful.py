@@ -206,8 +206,8 @@ class RadixMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.s.cache.pool.eviction_order())
     @rule(data=st.data())
-    def touch(self, data):
-        self.s.cache.touch(data.draw(st.sampled_from(self.s.cache.pool.eviction_order())))
+    def mark_used(self, data):
+        self.s.cache.mark_used(data.draw(st.sampled_from(self.s.cache.pool.eviction_order())))
 
     @invariant()
     def holds_its_kv(self):
@@ -215,7 +215,7 @@ class RadixMachine(RuleBasedStateMachine):
         pool = self.s.cache.pool
         assert pool.num_free + pool.num_cached + pool.num_in_use == self.num_pages
         # Every evictable page is idle and off every live path.
-        locked = {p for n in pool.tree.nodes() if n.lock_ref for p in n.value}
+        locked = {p for n in pool.prefix_index.nodes() if n.lock_ref for p in n.value}
         assert not locked & set(pool.eviction_order()), "a locked page is up for eviction"
 
 

@@ -16,19 +16,24 @@ Compared with vLLM: one ``PagedKVCache`` plays the parts of ``KVCacheManager``
 no scheduler here (see :mod:`paged_np.engine.engine`), no GPU/CPU split and no
 multi-group (hybrid) cache.
 
-``CacheConfig(prefix_cache="radix")`` swaps the hash chain for SGLang's radix
-tree (:mod:`.radix`) behind the same methods: ``add_sequence`` matches and
-locks a path, ``append_tokens`` inserts full pages below it, ``fork`` shares
-the lock, ``free`` releases it. One difference: pages a sliding window
-releases (``release_pages_before``) stay in the tree, pinned under the live
-sequence's path, until the sequence ends.
+The prefix cache is a :class:`~paged_np.cache.prefix_index.PrefixIndex`,
+built by :func:`~paged_np.cache.indexes.make_prefix_index` from
+``CacheConfig.prefix_cache``: vLLM's hash chain or SGLang's radix tree, behind
+the same calls. ``add_sequence`` matches a prefix and locks it,
+``append_tokens`` inserts newly full pages (moving the lock to the longer
+prefix), ``fork`` locks it once more, ``free`` unlocks it. With the tree,
+pages a sliding window releases (``release_pages_before``) stay pinned under
+the live sequence's path until the sequence ends.
+
+A scheduler asks before it allocates: :meth:`PagedKVCache.num_pages_needed`,
+:meth:`~PagedKVCache.can_allocate` and ``num_available_pages``; then
+``allocate_slots`` cannot raise ``OutOfPages``.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections import namedtuple
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -40,47 +45,21 @@ from ..errors import (
     InvalidArgument,
     OutOfPages,
     SequenceTooLong,
+    StalePage,
     UnknownSequence,
 )
 from .arena import Arena
-from .page_pool import PagePool
-from .sequence import Sequence, hash_page
+from .batch import BatchMetadata
+from .indexes import make_prefix_index
+from .page_pool import CACHED, PagePool
+from .sequence import Sequence
+
+__all__ = ["BatchMetadata", "Event", "PagedKVCache"]
 
 #: One entry of ``cache.events``: ``kind`` is one of allocate, evict, hit, cache,
 #: free, cow, fork, hash (a page joined the hash index), insert (a page joined
 #: the radix tree).
 Event = namedtuple("Event", "step kind page_id seq_id")
-
-
-@dataclass
-class BatchMetadata:
-    """What a kernel needs for a batch of sequences.
-
-    ``block_tables`` is int32 [B, max_pages], padded with -1; ``seq_lens`` is
-    int32 [B] (written tokens plus any pending ``allocate_slots``).
-    """
-
-    seq_ids: list
-    block_tables: np.ndarray
-    seq_lens: np.ndarray
-    page_size: int
-
-    def to_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """FlashInfer's layout: ``kv_indptr`` int32 [B+1], ``kv_indices`` int32 [nnz],
-        ``kv_last_page_len`` int32 [B].
-
-        Sequence ``b``'s pages are ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``
-        (only the pages its ``seq_len`` reaches); its last page holds
-        ``kv_last_page_len[b]`` tokens (0 for an empty sequence).
-        """
-        ps = self.page_size
-        n_pages = (self.seq_lens.astype(np.int64) + ps - 1) // ps  # [B]
-        indptr = np.zeros(len(self.seq_lens) + 1, dtype=np.int32)
-        np.cumsum(n_pages, out=indptr[1:])
-        cols = np.arange(self.block_tables.shape[1])  # [max_pages]
-        indices = self.block_tables[cols[None, :] < n_pages[:, None]]  # row-major: in order
-        last = np.where(self.seq_lens > 0, (self.seq_lens - 1) % ps + 1, 0).astype(np.int32)
-        return indptr, indices.astype(np.int32), last
 
 
 class PagedKVCache:
@@ -119,15 +98,15 @@ class PagedKVCache:
             self._arena = DeviceArena(cfg)
         else:
             self._arena = Arena(cfg)
-        self.pool = PagePool(cfg.num_pages, cfg.page_size, cfg.eviction_policy,
-                             cfg.prefix_cache)
-        self.tree = self.pool.tree  # the radix tree, or None with the hash chain
-        self.pool.listener = self._on_pool_event
+        #: The prefix cache (hash chain or radix tree); the pool asks it for victims.
+        self.prefix_index = make_prefix_index(cfg)
+        self.pool = PagePool(cfg.num_pages, cfg.page_size, self.prefix_index)
+        # The pool and the index record their own events, naming the sequence they act for.
+        self.pool.listener = self.prefix_index.listener = self._log
         self._seqs: dict[object, Sequence] = {}
         self.events: list[Event] = []
         self.record_events = record_events
         self.clock = 0
-        self._actor = None  # seq id named in events the pool emits
         self._hits = 0
         self._queries = 0
         self._cow_copies = 0
@@ -157,83 +136,50 @@ class PagedKVCache:
         self._check_new_id(seq_id, "seq_id")
         prompt = as_token_ids(prompt, "prompt")
         key = as_extra_key(extra_key)
-        seq = Sequence(seq_id, key)
-        ps = self.page_size
-        if self.tree is not None:
-            return self._add_sequence_radix(seq, prompt)
-        hits = []
-        parent = seq.last_hash()
-        for i in range((len(prompt) - 1) // ps):  # full pages below the len - 1 cap
-            page_tokens = prompt[i * ps:(i + 1) * ps]
-            h = hash_page(parent, page_tokens, key)
-            p = self.pool.lookup(h, page_tokens)
-            if p is None:
-                break
-            hits.append((p, h))
-            parent = h
-        # Nothing below can fail: commit.
-        self._actor = seq_id
-        for p, h in hits:
-            self.pool.acquire(p)
-            seq.block_table.append(p)
-            seq.page_hashes.append(h)
-        n_hit = len(hits) * ps
-        seq.token_ids = prompt[:n_hit]
-        self._seqs[seq_id] = seq
-        self._hits += n_hit
-        self._queries += len(prompt)
-        return n_hit
-
-    def _add_sequence_radix(self, seq: Sequence, prompt: list) -> int:
-        ps = self.page_size
-        cap = (len(prompt) - 1) // ps * ps          # keep the last prompt token to compute
-        pages, node = self.tree.match_prefix(prompt[:cap], seq.extra_key)
-        self._actor = seq.seq_id
-        self.tree.inc_lock_ref(node)                 # pinned while this sequence lives
+        cap = (len(prompt) - 1) // self.page_size * self.page_size  # keep one token to compute
+        # Nothing below can fail: the match, its lock and its references commit together.
+        pages, handle = self.prefix_index.match_prefix(prompt[:cap], key)
+        self.prefix_index.lock(handle)               # pinned while this sequence lives
         for p in pages:
-            self.pool.acquire(p)
-        seq.block_table.extend(pages)
-        seq.radix_node, seq.radix_pages = node, len(pages)
-        n_hit = len(pages) * ps
-        seq.token_ids = prompt[:n_hit]
-        self._seqs[seq.seq_id] = seq
+            self.pool.touch(p, seq_id)               # a reference on each hit page
+        n_hit = len(pages) * self.page_size
+        self._seqs[seq_id] = Sequence(seq_id, key, prompt[:n_hit], list(pages),
+                                      prefix_handle=handle, num_indexed_pages=len(pages))
         self._hits += n_hit
         self._queries += len(prompt)
         return n_hit
 
-    def num_cached_prefix_tokens(self, prompt, extra_key=None, page_hashes=None) -> int:
+    def num_cached_prefix_tokens(self, prompt, extra_key=None, memo=None) -> int:
         """Prompt tokens :meth:`add_sequence` would reuse now, changing nothing.
 
-        For a scheduler that ranks waiting requests by cached prefix. With the
-        hash chain, pass ``page_hashes`` from :meth:`prompt_page_hashes` to skip
-        re-hashing a prompt that is asked about every step (vLLM keeps them
-        on its ``Request`` for the same reason).
+        For a scheduler that ranks waiting requests by cached prefix. ``memo``
+        is an optional dict the caller keeps per request (its prompt may only
+        grow) in which the index keeps work between calls: the hash chain
+        keeps the prompt's page hashes there, as vLLM keeps them on its ``Request``.
         """
         prompt = as_token_ids(prompt, "prompt")
         key = as_extra_key(extra_key)
-        ps = self.page_size
-        cap = (len(prompt) - 1) // ps * ps
-        if self.tree is not None:
-            return self.tree.prefix_length(prompt[:cap], key)
-        if page_hashes is None:
-            page_hashes = self.prompt_page_hashes(prompt, key)
-        n = 0
-        for h in page_hashes[:cap // ps]:
-            if self.pool.lookup(h, prompt[n:n + ps]) is None:
-                break
-            n += ps
-        return n
+        if memo is not None and not isinstance(memo, dict):
+            raise DTypeError(f"memo must be a dict or None, got {type(memo).__name__}")
+        cap = (len(prompt) - 1) // self.page_size * self.page_size
+        return self.prefix_index.prefix_length(prompt[:cap], key, memo)
 
-    def prompt_page_hashes(self, prompt, extra_key=None) -> list:
-        """The hash chain of a prompt's full pages (below the ``len - 1`` cap)."""
-        prompt = as_token_ids(prompt, "prompt")
-        key = as_extra_key(extra_key)
-        ps = self.page_size
-        out, parent = [], Sequence(None).last_hash()
-        for i in range((len(prompt) - 1) // ps):
-            parent = hash_page(parent, prompt[i * ps:(i + 1) * ps], key)
-            out.append(parent)
-        return out
+    @property
+    def num_available_pages(self) -> int:
+        """Pages an allocation can get now: FREE ones plus evictable CACHED ones."""
+        return self.pool.num_available
+
+    def num_pages_needed(self, seq_id, n: int) -> int:
+        """Pages ``allocate_slots(seq_id, n)`` would take from the pool, copy-on-write
+        copies included (0 when the sequence's own pages have room). Changes nothing.
+
+        Raises ``SequenceTooLong`` when the sequence could never fit in the arena.
+        """
+        return self._plan(self._get(seq_id), check_positive_int("n", n))[2]
+
+    def can_allocate(self, seq_id, n: int) -> bool:
+        """Whether ``allocate_slots(seq_id, n)`` would succeed now (vLLM's ``can_allocate``)."""
+        return self.num_pages_needed(seq_id, n) <= self.pool.num_available
 
     def allocate_slots(self, seq_id, n: int) -> np.ndarray:
         """Slots (int64 [n]) for positions ``[num_computed_tokens, num_computed_tokens + n)``.
@@ -241,55 +187,60 @@ class PagedKVCache:
         Allocates pages as needed (evicting cached pages under the policy) and
         copies any shared page that would be written (copy-on-write). Calling
         it again before ``append_tokens`` returns the same positions' slots.
-        Raises ``OutOfPages`` and changes nothing when the pages are not there:
-        its subclass ``SequenceTooLong`` when they never will be (the sequence
-        would need more pages than the whole arena holds).
+        Raises ``OutOfPages`` and changes nothing when the pages are not there
+        (ask :meth:`can_allocate` first to avoid it); its subclass
+        ``SequenceTooLong`` when they never will be.
         """
         seq = self._get(seq_id)
         n = check_positive_int("n", n)
         ps = self.page_size
-        start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-        bt = seq.block_table
+        start, bt = seq.num_computed_tokens, seq.block_table
         last = len(bt) - 1
-        if n == 1 and start // ps == last and bt[last] >= 0 and self.pool._ref[bt[last]] == 1:
+        if n == 1 and start // ps == last and bt[last] >= 0 and self.pool.ref_count(bt[last]) == 1:
             # Decode's common case: one token into a last page only we hold. Nothing
             # to allocate or copy; the general path below would return the same slot.
             seq.num_pending = 1
             return np.array([bt[last] * ps + start % ps], dtype=np.int64)
-        pages_needed = -(-end // ps)
-        released = _num_released(bt)  # pages given back by release_pages_before
-        if pages_needed - released > self.cfg.num_pages:
-            raise SequenceTooLong(
-                f"n={n}: sequence {seq_id!r} would need {pages_needed - released} pages, more "
-                f"than the arena's num_pages={self.cfg.num_pages}: it can never fit"
-            )
-        # Pages this step writes into that someone else also holds: copy them first.
-        ref = self.pool._ref  # read-only peek; the pool validated these ids when they came
-        cow = [i for i in range(start // ps, min(len(bt), pages_needed)) if ref[bt[i]] > 1]
-        n_new = max(0, pages_needed - len(bt)) + len(cow)
+        pages_needed, cow, n_new = self._plan(seq, n)
         if n_new and n_new > self.pool.num_available:
             raise OutOfPages(
                 f"sequence {seq_id!r} needs {n_new} more pages for n={n} tokens, only "
                 f"{self.pool.num_available} free or cached"
             )
         # Commit: nothing below can fail.
-        self._actor = seq_id
-        fresh = self.pool.allocate_many(n_new) if n_new else ()
+        fresh = self.pool.allocate_many(n_new, seq_id) if n_new else ()
         for i, dst in zip(cow, fresh):
             src = bt[i]
             self._arena.copy_page(src, dst)
             bt[i] = dst
-            self.pool.free(src)  # drop our reference to the shared page
+            self.pool.free(src, seq_id)  # drop our reference to the shared page
             self._cow_copies += 1
-            self._log("cow", dst)
+            self._log("cow", dst, seq_id)
         bt.extend(fresh[len(cow):])
         while len(bt) > pages_needed:  # an earlier, larger pending call left spare pages
-            self.pool.free(bt.pop())
+            self.pool.free(bt.pop(), seq_id)
         seq.num_pending = n
         return self._slots(bt, start, n)
 
+    def _plan(self, seq: Sequence, n: int) -> tuple[int, list, int]:
+        """For ``n`` more tokens: ``(pages the table must have, indices to copy, new pages)``."""
+        ps = self.page_size
+        start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+        bt = seq.block_table
+        pages_needed = -(-end // ps)
+        released = _num_released(bt)  # pages given back by release_pages_before
+        if pages_needed - released > self.cfg.num_pages:
+            raise SequenceTooLong(
+                f"n={n}: sequence {seq.seq_id!r} would need {pages_needed - released} pages, "
+                f"more than the arena's num_pages={self.cfg.num_pages}: it can never fit"
+            )
+        # Pages this step writes into that someone else also holds: copy them first.
+        ref = self.pool.ref_count
+        cow = [i for i in range(start // ps, min(len(bt), pages_needed)) if ref(bt[i]) > 1]
+        return pages_needed, cow, max(0, pages_needed - len(bt)) + len(cow)
+
     def append_tokens(self, seq_id, token_ids) -> None:
-        """Record tokens whose KV is now written; hash and index newly full pages."""
+        """Record tokens whose KV is now written; newly full pages join the prefix index."""
         seq = self._get(seq_id)
         ids = as_token_ids(token_ids, "token_ids", allow_empty=True)
         if len(ids) > seq.num_pending:
@@ -297,36 +248,19 @@ class PagedKVCache:
                 f"token_ids: {len(ids)} tokens appended but only {seq.num_pending} slots "
                 f"allocated for sequence {seq_id!r} (call allocate_slots first)"
             )
-        self._actor = seq_id
         seq.token_ids.extend(ids)
         seq.num_pending -= len(ids)
         ps = self.page_size
-        if self.tree is not None:
-            self._insert_full_pages(seq)
+        done, full = seq.num_indexed_pages, seq.num_computed_tokens // ps
+        if full == done:
             return
-        for i in range(len(seq.page_hashes), seq.num_computed_tokens // ps):  # newly full pages
-            page_tokens = seq.token_ids[i * ps:(i + 1) * ps]
-            h = hash_page(seq.last_hash(), page_tokens, seq.extra_key)
-            seq.page_hashes.append(h)
-            if self.pool.register(seq.block_table[i], h, page_tokens):
-                self._log("hash", seq.block_table[i])
-
-    def _insert_full_pages(self, seq: Sequence) -> None:
-        """Radix: put newly full pages in the tree below the sequence's node; move its lock."""
-        ps = self.page_size
-        full = seq.num_computed_tokens // ps
-        if full == seq.radix_pages:
-            return
-        key = seq.token_ids[seq.radix_pages * ps:full * ps]
-        value = seq.block_table[seq.radix_pages:full]
-        old = seq.radix_node
-        node, added = self.tree.insert(key, value, old, seq.extra_key)
-        if node is not old:
-            self.tree.inc_lock_ref(node)             # lock the longer path before
-            self.tree.dec_lock_ref(old)              # letting go of its prefix
-        seq.radix_node, seq.radix_pages = node, full
-        for p in added:
-            self._log("insert", p)
+        old = seq.prefix_handle
+        new, _ = self.prefix_index.insert(seq.token_ids[done * ps:full * ps],
+                                          seq.block_table[done:full], old, seq.extra_key, seq_id)
+        if new is not old:
+            self.prefix_index.lock(new)     # lock the longer prefix before
+            self.prefix_index.unlock(old)   # letting go of its start
+        seq.prefix_handle, seq.num_indexed_pages = new, full
 
     def fork(self, parent_id, child_id) -> None:
         """The child shares the parent's pages and tokens; writes copy on demand."""
@@ -341,8 +275,7 @@ class PagedKVCache:
         for p in child.block_table[_num_released(child.block_table):]:
             self.pool.share(p)
             self._log("fork", p, child_id)
-        if self.tree is not None:
-            self.tree.inc_lock_ref(child.radix_node)  # the child uses the parent's path
+        self.prefix_index.lock(child.prefix_handle)  # the child uses the parent's prefix
         self._seqs[child_id] = child
 
     def free(self, seq_id) -> None:
@@ -353,11 +286,9 @@ class PagedKVCache:
         be shared by the next request).
         """
         seq = self._get(seq_id)
-        self._actor = seq_id
         for p in reversed(seq.block_table[_num_released(seq.block_table):]):
-            self.pool.free(p)
-        if self.tree is not None:
-            self.tree.dec_lock_ref(seq.radix_node)   # its path may now be evicted, leaves first
+            self.pool.free(p, seq_id)
+        self.prefix_index.unlock(seq.prefix_handle)  # its prefix may now be evicted
         del self._seqs[seq_id]
 
     def release_pages_before(self, seq_id, num_tokens: int) -> int:
@@ -378,9 +309,8 @@ class PagedKVCache:
         ps = self.page_size
         # Whole pages below num_tokens, and only pages whose tokens are all written.
         last = min(max(num_tokens, 0) // ps, len(bt), seq.num_computed_tokens // ps)
-        self._actor = seq_id
         for i in range(last - 1, first - 1, -1):  # tail-first, as in free()
-            self.pool.free(bt[i])
+            self.pool.free(bt[i], seq_id)
             bt[i] = -1
         return max(0, last - first)
 
@@ -439,12 +369,9 @@ class PagedKVCache:
             "evictions": pool.num_evictions,
             "cow_copies": self._cow_copies,
             "usage": pool.num_in_use / self.cfg.num_pages,
-            "prefix_cache": self.cfg.prefix_cache,
+            "prefix_cache": self.prefix_index.kind,
         }
-        if self.tree is not None:
-            out["radix_nodes"] = self.tree.num_nodes
-            out["radix_depth"] = self.tree.depth
-            out["radix_locked_nodes"] = self.tree.num_locked_nodes
+        out.update(self.prefix_index.stats())  # indexed_pages, and radix_* for the tree
         return out
 
     def tick(self) -> int:
@@ -452,9 +379,13 @@ class PagedKVCache:
         self.clock += 1
         return self.clock
 
-    def touch(self, page_id: int) -> None:
-        """Mark a cached page as just used (see :meth:`PagePool.touch`)."""
-        self.pool.touch(page_id)
+    def mark_used(self, page_id: int) -> None:
+        """Mark a CACHED page as just used: under LRU it moves to the young end
+        (with the tree, its whole path does). Not vLLM's ``touch``, which takes a
+        reference (that is :meth:`PagePool.touch`)."""
+        if self.pool.state(page_id) != CACHED:
+            raise StalePage(f"page_id {page_id} is not cached: only cached pages can be marked")
+        self.prefix_index.mark_used(page_id)
 
     def check_invariants(self) -> None:
         """Raise AssertionError naming the first broken invariant."""
@@ -466,56 +397,20 @@ class PagedKVCache:
             assert len(s.block_table) <= -(-s.seq_len // ps) or s.seq_len == 0, (
                 f"sequence {sid!r} holds pages beyond its tokens"
             )
-            if self.tree is None:
-                assert len(s.page_hashes) == s.num_computed_tokens // ps, (
-                    f"sequence {sid!r}: hash chain length")
+            assert s.num_indexed_pages == s.num_computed_tokens // ps, (
+                f"sequence {sid!r}: full pages not indexed")
             released = _num_released(s.block_table)
             assert all(p >= 0 for p in s.block_table[released:]), (
                 f"sequence {sid!r}: a released (-1) page after a held one"
             )
-            for i, p in enumerate(s.block_table):
-                if i < released:
-                    continue
+            for p in s.block_table[released:]:
                 holders[p] += 1
-                if self.tree is not None:
-                    continue
-                h = self.pool.page_hash(p)
-                if h is not None:
-                    assert i < len(s.page_hashes) and h == s.page_hashes[i], (
-                        f"sequence {sid!r}: indexed page {p} has another prefix's hash"
-                    )
         for p in range(self.cfg.num_pages):
             assert holders[p] == self.pool.ref_count(p), (
                 f"ref_count of page {p} is {self.pool.ref_count(p)} but {holders[p]} "
                 "block tables hold it"
             )
-        if self.tree is not None:
-            self._check_radix()
-
-    def _check_radix(self) -> None:
-        """Every sequence's path spells its full pages, holds its tree pages, and is locked."""
-        ps = self.page_size
-        tree = self.tree
-        locks: dict[int, int] = {}
-        for sid, s in self._seqs.items():
-            path = tree.path(s.radix_node)
-            top = path[0].parent if path else s.radix_node
-            assert top is tree.root(s.extra_key), f"sequence {sid!r}: its node left the tree"
-            assert s.radix_pages == s.num_computed_tokens // ps, (
-                f"sequence {sid!r}: full pages not inserted")
-            assert list(tree.tokens_to(s.radix_node)) == s.token_ids[:s.radix_pages * ps], (
-                f"sequence {sid!r}: its tree path spells other tokens")
-            path_pages = [p for n in path for p in n.value]
-            for i, p in enumerate(s.block_table):
-                if p >= 0 and tree.holds(p):
-                    assert i < len(path_pages) and path_pages[i] == p, (
-                        f"sequence {sid!r}: holds tree page {p} off its own path")
-            for n in path:
-                locks[n.id] = locks.get(n.id, 0) + 1
-        for n in tree.nodes():
-            assert n.lock_ref == locks.get(n.id, 0), (
-                f"node {n.id}: lock_ref {n.lock_ref}, but {locks.get(n.id, 0)} live "
-                "sequences pass through it")
+        self.prefix_index.check_sequences(self._seqs.values())
 
     # --------------------------------------------------------------- helpers
     def _slots(self, bt: list, start: int, n: int) -> np.ndarray:
@@ -539,13 +434,10 @@ class PagedKVCache:
         if seq_id in self._seqs:
             raise DuplicateSequence(f"{name} {seq_id!r} is already in the cache")
 
-    def _on_pool_event(self, kind: str, page_id: int) -> None:
-        self._log(kind, page_id)
-
-    def _log(self, kind: str, page_id: int, seq_id=None) -> None:
+    def _log(self, kind: str, page_id: int, seq_id) -> None:
+        """Append one event (the pool's and the index's listener too)."""
         if self.record_events:
-            self.events.append(Event(self.clock, kind, page_id,
-                                     self._actor if seq_id is None else seq_id))
+            self.events.append(Event(self.clock, kind, page_id, seq_id))
 
 
 def _num_released(block_table: list) -> int:

@@ -1,6 +1,6 @@
 """A radix tree of cached token runs (SGLang's RadixAttention), beside the hash chain.
 
-The hash chain (:mod:`.sequence`, :mod:`.page_pool`) finds a prompt's cached
+The hash chain (:mod:`.hash_index`) finds a prompt's cached
 prefix by hashing it one full page at a time and looking each hash up in a
 dict. SGLang (Zheng et al., 2024, "SGLang: Efficient Execution of Structured
 Language Model Programs") keeps the same knowledge as a *radix tree*: a trie
@@ -14,18 +14,8 @@ and a node exists only where two cached sequences part ways::
                ├─ [ red]                               two samples of question 2
                └─ [ blue]
 
-Each :class:`TreeNode` (fields named as in the paper) holds
-
-- ``key``: the token run on the edge from its parent (a list, so a leaf can grow);
-- ``value``: the pages holding that run's K/V, ``len(key) // page_size`` of
-  them, in order;
-- ``children``: child nodes keyed by the first *page* of their key (its first
-  ``page_size`` tokens; with ``page_size == 1`` simply the first token);
-- ``lock_ref``: how many live sequences use this node, i.e. whose path from
-  the root passes through it. A locked node is never evicted;
-- ``last_access_time``: a logical clock, bumped on every match, insert and
-  release that walks through the node. Leaf eviction is LRU on it;
-- ``parent``.
+A :class:`~paged_np.cache.radix_node.TreeNode` holds an edge's token run
+(``key``), its pages (``value``), ``children``, ``lock_ref`` and stamps.
 
 The operations, one method each:
 
@@ -37,10 +27,13 @@ The operations, one method each:
   its path has reached. Runs already in the tree are not stored twice (the
   caller keeps its duplicate page private, as the hash chain does); a new
   sequence that diverges mid-edge splits that edge.
-- :meth:`RadixCache.inc_lock_ref` / :meth:`RadixCache.dec_lock_ref` (also
-  :meth:`lock` / :meth:`unlock`): a live sequence pins its whole path.
-- :meth:`RadixCache.evict`: free pages from the least recently used unlocked
-  *leaf*, from its end backwards.
+- :meth:`RadixCache.lock` / :meth:`RadixCache.unlock`: a live sequence pins
+  its whole path (SGLang's ``inc_lock_ref`` / ``dec_lock_ref``).
+- :meth:`RadixCache.evict`: free pages from the unlocked *leaf* the eviction
+  policy ranks first (LRU: least recently used), from its end backwards.
+
+These are :class:`~paged_np.cache.prefix_index.PrefixIndex`'s operations, which
+the hash chain answers too.
 
 Why a tree evicts leaves first: a node's K/V is only reachable through its
 parent's. Evicting an inner node would strand its whole subtree (no prompt can
@@ -57,11 +50,10 @@ partly matching page is recomputed, as in SGLang's paged radix cache and in
 vLLM); with ``page_size == 1`` it is token-granular.
 
 Differences from SGLang: the tree never owns a page outright; the page pool
-(:mod:`.page_pool`) keeps the reference counts and the free list, and the
-tree is the pool's index of which pages hold which tokens (``CacheConfig
-(prefix_cache="radix")``). Eviction trims one page at a time from a leaf's
-end instead of dropping whole leaves, so an allocation frees exactly what it
-needs, as the hash chain's per-page LRU does. A leaf that only its own
+(:mod:`.page_pool`) keeps the reference counts and the free list, and asks
+the tree for a victim when nothing is free. Eviction trims one page at a time
+from a leaf's end instead of dropping whole leaves, so an allocation frees
+exactly what it needs, as the hash chain's per-page eviction does. A leaf that only its own
 sequence uses grows in place as that sequence decodes, instead of sprouting
 one child per page.
 """
@@ -71,36 +63,22 @@ from __future__ import annotations
 import heapq
 from itertools import count
 
-
-class TreeNode:
-    """One node of the radix tree: an edge's token run and the pages holding it."""
-
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time", "id")
-
-    def __init__(self, parent, key: list, value: list, node_id: int, time: int):
-        self.children: dict[tuple, TreeNode] = {}   # first page of child.key -> child
-        self.parent: TreeNode | None = parent
-        self.key: list = key                        # token ids on the edge from parent
-        self.value: list = value                    # page ids, len(key) // page_size
-        self.lock_ref = 0                           # live sequences whose path passes here
-        self.last_access_time = time
-        self.id = node_id                           # creation order: stable names for drawings
-
-    def __repr__(self):
-        return (f"TreeNode(id={self.id}, tokens={len(self.key)}, pages={self.value}, "
-                f"lock_ref={self.lock_ref}, children={len(self.children)})")
+from .prefix_index import PrefixIndex
+from .radix_node import TreeNode
 
 
-class RadixCache:
+class RadixCache(PrefixIndex):
     """The tree, plus the accounting the page pool needs.
 
     Parameters
     ----------
     page_size : int
         Tokens per page; every key is a whole number of pages.
+    policy : {"lru", "fifo", "lfu"}, an EvictionPolicy subclass or object
+        Ranks the unlocked leaves; the smallest priority is evicted first.
 
-    Example
-    -------
+    A sequence's handle is the node its path reaches. Example:
+
     >>> tree = RadixCache(page_size=2)
     >>> node, new = tree.insert((1, 2, 3, 4), [7, 8])
     >>> tree.match_prefix([1, 2, 3, 4, 5])[0] == [7, 8]
@@ -111,16 +89,16 @@ class RadixCache:
     (3, 2)
     """
 
-    def __init__(self, page_size: int):
-        self.page_size = page_size
+    kind = "radix"
+
+    def __init__(self, page_size: int, policy="lru"):
+        super().__init__(page_size, policy)
         self._ids = count()
         self._clock = count(1)
         self._roots: dict[bytes | None, TreeNode] = {}   # one tree per extra_key
         self._page_node: dict[int, TreeNode] = {}        # page id -> node holding it
-        #: Pages in unlocked nodes: what eviction can free right now.
-        self.evictable_pages = 0
-        self.num_evictions = 0
-        # Min-heap of (last_access_time, id, node) over unlocked leaves, lazily
+        self._num_evictable = 0                          # pages in unlocked nodes
+        # Min-heap of (priority, id, push, node) over unlocked leaves, lazily
         # cleaned: an entry whose node has changed since it was pushed is skipped.
         self._leaves: list[tuple] = []
         self._pushes = count()                           # heap tie-breaker after the id
@@ -135,16 +113,17 @@ class RadixCache:
         return r
 
     def holds(self, page: int) -> bool:
-        """Whether a node of the tree holds this page."""
         return page in self._page_node
+
+    def pages(self) -> list[int]:
+        return sorted(self._page_node)
 
     def node_of(self, page: int) -> TreeNode | None:
         return self._page_node.get(page)
 
     @property
-    def num_pages(self) -> int:
-        """Pages the tree holds (in use or idle)."""
-        return len(self._page_node)
+    def num_evictable(self) -> int:
+        return self._num_evictable
 
     def nodes(self):
         """Every non-root node, parents before children (for stats and drawings)."""
@@ -186,6 +165,10 @@ class RadixCache:
         """The token run from the root to ``node`` (what a sequence ending there holds)."""
         return tuple(t for n in self.path(node) for t in n.key)
 
+    def stats(self) -> dict:
+        return {"indexed_pages": len(self._page_node), "radix_nodes": self.num_nodes,
+                "radix_depth": self.depth, "radix_locked_nodes": self.num_locked_nodes}
+
     # --------------------------------------------------------------- operations
     def match_prefix(self, token_ids, extra_key: bytes | None = None):
         """Longest cached prefix of ``token_ids`` in whole pages.
@@ -193,7 +176,7 @@ class RadixCache:
         Returns ``(pages, node)``: the page ids of the match, in order, and the
         node where it ends (the root when nothing matches). A match that ends
         mid-edge splits the edge so that ``node`` ends exactly there. Every
-        node on the path counts as just accessed. Locks nothing.
+        node on the path counts as just accessed, and as hit. Locks nothing.
         """
         ps = self.page_size
         node = self.root(extra_key)
@@ -204,20 +187,22 @@ class RadixCache:
             child = node.children.get(tuple(token_ids[i:i + ps]))
             if child is None:
                 break
-            m = _common_pages(child.key, token_ids, i, ps)   # >= 1: the first page matched
+            m = child.common_pages(token_ids, i, ps)   # >= 1: the first page matched
             if m < len(child.value):
                 child = self._split(child, m)
             child.last_access_time = now
+            child.hit_count += 1
             self._pushed_if_leaf(child)
             pages.extend(child.value)
             i += m * ps
             node = child
         return pages, node
 
-    def prefix_length(self, token_ids, extra_key: bytes | None = None) -> int:
+    def prefix_length(self, token_ids, extra_key: bytes | None = None, memo=None) -> int:
         """Tokens :meth:`match_prefix` would match, without splitting or touching anything.
 
-        For schedulers that rank waiting requests by their cached prefix.
+        For schedulers that rank waiting requests by their cached prefix. The
+        tree keeps nothing in ``memo``: walking it is already cheap.
         """
         ps = self.page_size
         node = self._roots.get(extra_key)
@@ -226,12 +211,13 @@ class RadixCache:
             child = node.children.get(tuple(token_ids[i:i + ps]))
             if child is None:
                 break
-            m = _common_pages(child.key, token_ids, i, ps)
+            m = child.common_pages(token_ids, i, ps)
             i += m * ps
             node = child if m == len(child.value) else None
         return i
 
-    def insert(self, key, value, node: TreeNode | None = None, extra_key: bytes | None = None):
+    def insert(self, key, value, node: TreeNode | None = None, extra_key: bytes | None = None,
+               seq_id=None):
         """Cache the token run ``key`` (held in pages ``value``) below ``node``.
 
         ``node`` is where ``key`` starts (the root of ``extra_key``'s tree when
@@ -257,18 +243,18 @@ class RadixCache:
                     node.value.extend(rest_v)
                 else:
                     child = TreeNode(node, rest_k, rest_v, next(self._ids), now)
-                    child.lock_ref = 0
                     node.children[tuple(rest_k[:ps])] = child
                     node = child
                     # A fresh node is unlocked until the caller locks it: count its pages.
-                    self.evictable_pages += len(rest_v)
+                    self._num_evictable += len(rest_v)
                 for p in rest_v:
                     self._page_node[p] = node
+                    self._emit("insert", p, seq_id)
                 node.last_access_time = now
                 self._pushed_if_leaf(node)                 # evictable until someone locks it
                 added.extend(rest_v)
                 break
-            m = _common_pages(child.key, key, i, ps)
+            m = child.common_pages(key, i, ps)
             if m < len(child.value):
                 child = self._split(child, m)
             child.last_access_time = now
@@ -277,44 +263,47 @@ class RadixCache:
             node = child
         return node, added
 
-    def inc_lock_ref(self, node: TreeNode) -> None:
+    def lock(self, node: TreeNode) -> None:
         """A live sequence now uses the path root..node: pin it."""
         while node.parent is not None:
             if node.lock_ref == 0:
-                self.evictable_pages -= len(node.value)
+                self._num_evictable -= len(node.value)
             node.lock_ref += 1
             node = node.parent
 
-    def dec_lock_ref(self, node: TreeNode) -> None:
+    def unlock(self, node: TreeNode) -> None:
         """A live sequence no longer uses the path root..node; it counts as just accessed."""
         now = next(self._clock)
         while node.parent is not None:
             node.lock_ref -= 1
             node.last_access_time = now
             if node.lock_ref == 0:
-                self.evictable_pages += len(node.value)
+                self._num_evictable += len(node.value)
                 self._pushed_if_leaf(node)
             node = node.parent
 
-    lock = inc_lock_ref
-    unlock = dec_lock_ref
-
-    def touch(self, node: TreeNode) -> None:
-        """Mark the path root..node as just used (it moves to the young end of LRU)."""
+    def mark_used(self, page: int) -> None:
+        """The path root..(the node holding ``page``) counts as just used."""
         now = next(self._clock)
-        for n in self.path(node):
+        for n in self.path(self._page_node[page]):
             n.last_access_time = now
             self._pushed_if_leaf(n)
 
-    def evict(self, num_pages: int) -> list[int]:
-        """Free up to ``num_pages`` pages, taking each from the end of the least
-        recently used unlocked leaf; a leaf left empty is removed, and its
+    def page_idle(self, page: int) -> None:
+        return None   # a tree page is evictable when its node is unlocked, not by ref count
+
+    def page_reused(self, page: int) -> None:
+        return None
+
+    def evict(self, num_pages: int, seq_id=None) -> list[int]:
+        """Free up to ``num_pages`` pages, taking each from the end of the unlocked
+        leaf the policy ranks first; a leaf left empty is removed, and its
         parent may become the next candidate. Returns the freed page ids.
         """
         out: list[int] = []
         while len(out) < num_pages and self._leaves:
-            t, _, _, node = heapq.heappop(self._leaves)
-            if not self._is_evictable_leaf(node) or node.last_access_time != t:
+            key, _, _, node = heapq.heappop(self._leaves)
+            if not self._is_evictable_leaf(node) or self.policy.priority(node) != key:
                 continue                                   # stale entry
             take = min(num_pages - len(out), len(node.value))
             ps = self.page_size
@@ -322,14 +311,14 @@ class RadixCache:
                 p = node.value.pop()
                 del self._page_node[p]
                 out.append(p)
+                self._emit("evict", p, seq_id)
             del node.key[len(node.value) * ps:]
-            self.evictable_pages -= take
-            self.num_evictions += take
+            self._num_evictable -= take
             if node.value:
-                self._push(node)                           # the rest of it, same age
+                self._push(node)                           # the rest of it, same priority
             else:
                 parent = node.parent
-                del parent.children[_first_page(node, ps, parent)]
+                del parent.children[parent.child_key(node)]
                 node.parent = None                         # detached: stale in the heap
                 self._pushed_if_leaf(parent)
         return out
@@ -337,17 +326,18 @@ class RadixCache:
     def eviction_order(self) -> list[int]:
         """Evictable pages in the order :meth:`evict` would take them (O(n log n), for drawings).
 
-        Replays eviction on counters instead of the tree: the LRU unlocked leaf
-        gives its pages from the end, then its parent joins the candidates once
-        its last child is gone.
+        Replays eviction on counters instead of the tree: the first-ranked
+        unlocked leaf gives its pages from the end, then its parent joins the
+        candidates once its last child is gone.
         """
+        prio = self.policy.priority
         left = {}                                          # node id -> children not yet evicted
         heap = []
         for n in self.nodes():
             if n.lock_ref == 0:
                 left[n.id] = len(n.children)
                 if not n.children:
-                    heap.append((n.last_access_time, n.id, n))
+                    heap.append((prio(n), n.id, n))
         heapq.heapify(heap)
         out: list[int] = []
         while heap:
@@ -357,7 +347,7 @@ class RadixCache:
             if parent.parent is not None and parent.lock_ref == 0:
                 left[parent.id] -= 1
                 if left[parent.id] == 0:
-                    heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
+                    heapq.heappush(heap, (prio(parent), parent.id, parent))
         return out
 
     # ------------------------------------------------------------------ helpers
@@ -372,6 +362,7 @@ class RadixCache:
         upper = TreeNode(parent, child.key[:m * ps], child.value[:m], next(self._ids),
                          child.last_access_time)
         upper.lock_ref = child.lock_ref                # the same sequences pass through both
+        upper.hit_count, upper.creation_time = child.hit_count, child.creation_time
         parent.children[tuple(upper.key[:ps])] = upper
         child.key = child.key[m * ps:]
         child.value = child.value[m:]
@@ -389,14 +380,19 @@ class RadixCache:
             self._push(node)
 
     def _push(self, node: TreeNode) -> None:
-        heapq.heappush(self._leaves, (node.last_access_time, node.id, next(self._pushes), node))
+        prio = self.policy.priority
+        heapq.heappush(self._leaves, (prio(node), node.id, next(self._pushes), node))
         if len(self._leaves) > 4 * len(self._page_node) + 64:    # drop stale entries
-            self._leaves = [(n.last_access_time, n.id, next(self._pushes), n) for n in self.nodes()
+            self._leaves = [(prio(n), n.id, next(self._pushes), n) for n in self.nodes()
                             if self._is_evictable_leaf(n) and n.value]
             heapq.heapify(self._leaves)
 
-    def check_invariants(self) -> None:
-        """Raise AssertionError naming the first broken invariant of the tree (O(nodes))."""
+    # --------------------------------------------------------------- invariants
+    def check_invariants(self, pool=None) -> None:
+        """Raise AssertionError naming the first broken invariant of the tree (O(nodes)).
+
+        With ``pool``: no unlocked node holds a page in use (eviction could take it).
+        """
         ps = self.page_size
         seen: dict[int, TreeNode] = {}
         evictable = 0
@@ -417,28 +413,37 @@ class RadixCache:
                 assert self._page_node.get(p) is node, f"page {p}: page map points elsewhere"
             if node.lock_ref == 0:
                 evictable += len(node.value)
+                if pool is not None:
+                    assert all(pool.ref_count(p) == 0 for p in node.value), (
+                        f"unlocked node {node.id} holds a page in use: eviction could take it")
             if self._is_evictable_leaf(node):
-                assert any(e[3] is node and e[0] == node.last_access_time
-                           for e in self._leaves), f"evictable leaf {node.id} missing from heap"
+                key = self.policy.priority(node)
+                assert any(e[3] is node and e[0] == key for e in self._leaves), (
+                    f"evictable leaf {node.id} missing from heap")
         assert len(seen) == len(self._page_node), "page map holds a page no node holds"
-        assert evictable == self.evictable_pages, (
-            f"evictable_pages is {self.evictable_pages}, the nodes say {evictable}")
+        assert evictable == self._num_evictable, (
+            f"num_evictable is {self._num_evictable}, the nodes say {evictable}")
 
+    def check_sequences(self, seqs) -> None:
+        """Every sequence's path spells its full pages, holds its tree pages, and is locked."""
+        ps = self.page_size
+        locks: dict[int, int] = {}
+        for s in seqs:
+            node = s.prefix_handle
+            path = self.path(node)
+            top = path[0].parent if path else node
+            assert top is self.root(s.extra_key), f"sequence {s.seq_id!r}: its node left the tree"
+            assert list(self.tokens_to(node)) == s.token_ids[:s.num_indexed_pages * ps], (
+                f"sequence {s.seq_id!r}: its tree path spells other tokens")
+            path_pages = [p for n in path for p in n.value]
+            for i, p in enumerate(s.block_table):
+                if p >= 0 and self.holds(p):
+                    assert i < len(path_pages) and path_pages[i] == p, (
+                        f"sequence {s.seq_id!r}: holds tree page {p} off its own path")
+            for n in path:
+                locks[n.id] = locks.get(n.id, 0) + 1
+        for n in self.nodes():
+            assert n.lock_ref == locks.get(n.id, 0), (
+                f"node {n.id}: lock_ref {n.lock_ref}, but {locks.get(n.id, 0)} live "
+                "sequences pass through it")
 
-def _common_pages(key: tuple, tokens, start: int, ps: int) -> int:
-    """Whole pages on which ``key`` agrees with ``tokens[start:]``."""
-    n = min(len(key), len(tokens) - start)
-    if key[:n] == list(tokens[start:start + n]):      # the common case: the whole edge agrees
-        return n // ps
-    j = 0
-    while j < n and key[j] == tokens[start + j]:
-        j += 1
-    return j // ps
-
-
-def _first_page(node: TreeNode, ps: int, parent: TreeNode) -> tuple:
-    """The key ``parent.children`` files ``node`` under (found even if ``node.key`` is empty)."""
-    for k, c in parent.children.items():
-        if c is node:
-            return k
-    raise AssertionError(f"node {node.id} is not a child of its parent")

@@ -19,8 +19,10 @@ from .arena import STATE_COLORS, _pyplot
 
 
 def _tree_of(cache_or_tree):
-    tree = getattr(cache_or_tree, "tree", cache_or_tree)
-    if tree is None or not hasattr(tree, "match_prefix"):
+    from ..cache.radix import RadixCache
+
+    tree = getattr(cache_or_tree, "prefix_index", cache_or_tree)
+    if not isinstance(tree, RadixCache):
         raise InvalidArgument(
             "draw_radix_tree needs a PagedKVCache with prefix_cache='radix' or a RadixCache")
     return tree
