@@ -181,6 +181,33 @@ def test_client_disconnect_frees_pages(client, server, ref, tiny_pair):
     assert m["paged_np:generation_tokens_total"] < 400 * 100   # it did not run on to the end
 
 
+
+def test_metrics_hit_rate_is_the_engines(tiny_pair):
+    """/metrics reports the engine's one prefix hit rate (first admissions), and
+    re-admission reuse under its own name, even when a small cache preempts."""
+    model, tok = tiny_pair
+    llm = make_llm(model, tok, num_pages=12, max_num_seqs=8)
+    system = "You are a helpful assistant who answers in one short sentence. "
+    with ServerThread(llm) as srv:
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+        def one(i):
+            return c.completions.create(model=TINY_NAME, prompt=system + f"Question {i}?",
+                                        max_tokens=24, temperature=0)
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(one, range(8), timeout=120))
+        m = wait_for(srv.url, lambda m: m["paged_np:num_requests_running"] == 0
+                     and m["paged_np:num_requests_waiting"] == 0)
+    em = llm.engine.metrics
+    assert em["prefix_hit_tokens"] > 0                     # the system prompt was shared
+    assert m["paged_np:prefix_cache_hit_rate"] == pytest.approx(em["prefix_hit_rate"])
+    assert m["paged_np:prefix_cache_queries_total"] == em["prompt_tokens"]
+    assert m["paged_np:prefix_cache_hits_total"] == em["prefix_hit_tokens"]
+    assert m["paged_np:prefix_cache_readmission_hit_rate"] == pytest.approx(
+        em["readmission_hit_rate"])
+    assert m["paged_np:num_preemptions_total"] == em["preemptions"]
+
 # ------------------------------------------------------------------ bad requests
 GOOD_CHAT = {"model": TINY_NAME, "messages": [{"role": "user", "content": "Hi"}],
              "max_tokens": 4, "temperature": 0}

@@ -21,7 +21,7 @@ from ...errors import ChatTemplateError, PagedNPError
 from ..sampling import SamplingParams
 from .loop import EngineLoop, Update
 from .metrics import ServerMetrics
-from .schemas import APIError, ChatCompletionRequest, CompletionRequest, _validation_error
+from .schemas import APIError, ChatCompletionRequest, CompletionRequest, validation_error
 
 
 class Server:
@@ -32,7 +32,7 @@ class Server:
         self.tokenizer = llm.tokenizer
         self.model_name = served_model_name or getattr(llm, "model_name", None) or "paged-np"
         self.max_model_len = int(llm.max_model_len)
-        self.max_n = int(max_n or llm.engine.max_num_seqs)
+        self.max_n = int(max_n or llm.engine.config.max_num_seqs)
         self.loop = EngineLoop(llm)
         self.created = int(time.time())
         self._ids = itertools.count()
@@ -42,7 +42,7 @@ class Server:
         try:
             req = cls.model_validate(body)
         except ValidationError as e:
-            raise _validation_error(e) from None
+            raise validation_error(e) from None
         if req.model != self.model_name:
             raise APIError(400, f"model: the model {req.model!r} does not exist here; this "
                            f"server serves {self.model_name!r}", "model", "model_not_found")

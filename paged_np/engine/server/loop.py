@@ -34,7 +34,12 @@ class Update:
 
 
 class _Stream:
-    """The loop's record of one request: where its updates go, and its timings."""
+    """Where one request's updates go, and when its tokens came: delivery state only.
+
+    The request itself (its tokens, text, finish reasons) is the engine's one
+    record, read through the LLM's snapshots; ``n`` and ``prompt_tokens`` are
+    kept to shape a reply for a request the engine refused or lost.
+    """
 
     def __init__(self, aloop, q, n, prompt_tokens, arrival):
         self.aloop, self.queue = aloop, q
@@ -222,20 +227,22 @@ class EngineLoop:
         self._update_gauges()
 
     def _update_gauges(self) -> None:
-        eng = self.llm.engine
-        sched, cache = eng.scheduler, eng.cache
-        pool, stats = cache.pool, cache.stats()
+        """Copy the engine's public snapshot (:meth:`Engine.stats`) into the gauges."""
+        st = self.llm.engine.stats()
         m = self.metrics
         with m.lock:
             g, c = m.gauges, m.counters
-            g["num_requests_running"] = len({id(r.parent) for r in sched.running})
-            g["num_requests_waiting"] = len({id(r.parent) for r in sched.waiting})
-            g["kv_pages_in_use"] = pool.num_in_use
-            g["kv_pages_total"] = cache.cfg.num_pages
-            g["kv_cache_usage_perc"] = pool.num_in_use / cache.cfg.num_pages
-            g["prefix_cache_hit_rate"] = stats["hit_rate"]
-            c["num_preemptions_total"] = sched.num_preemptions
-            c["kv_cache_evictions_total"] = stats["evictions"]
+            g["num_requests_running"] = st["num_requests_running"]
+            g["num_requests_waiting"] = st["num_requests_waiting"]
+            g["kv_pages_in_use"] = st["kv_pages_in_use"]
+            g["kv_pages_total"] = st["kv_pages_total"]
+            g["kv_cache_usage_perc"] = st["kv_cache_usage"]
+            g["prefix_cache_hit_rate"] = st["prefix_hit_rate"]
+            g["prefix_cache_readmission_hit_rate"] = st["readmission_hit_rate"]
+            c["prefix_cache_queries_total"] = st["prompt_tokens"]
+            c["prefix_cache_hits_total"] = st["prefix_hit_tokens"]
+            c["num_preemptions_total"] = st["preemptions"]
+            c["kv_cache_evictions_total"] = st["evictions"]
 
 
 def _snapshot(out) -> Update:

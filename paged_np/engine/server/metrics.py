@@ -1,5 +1,12 @@
 """``GET /metrics``: Prometheus text written by hand (counters, gauges, histograms),
-under vLLM's metric names with a ``paged_np:`` prefix."""
+under vLLM's metric names with a ``paged_np:`` prefix.
+
+The engine's numbers come from :meth:`Engine.stats` alone (the loop copies
+them after each step), so ``prefix_cache_hit_rate`` is the engine's one
+definition, ``metrics["prefix_hit_rate"]``: prompt tokens served at first
+admission over prompt tokens admitted (:mod:`paged_np.engine.stats`); reuse
+after a preemption is ``prefix_cache_readmission_hit_rate``.
+"""
 
 from __future__ import annotations
 
@@ -48,9 +55,11 @@ class ServerMetrics:
     def __init__(self):
         self.lock = threading.Lock()
         self.gauges = dict(num_requests_running=0, num_requests_waiting=0, kv_pages_in_use=0,
-                           kv_pages_total=0, kv_cache_usage_perc=0.0, prefix_cache_hit_rate=0.0)
+                           kv_pages_total=0, kv_cache_usage_perc=0.0, prefix_cache_hit_rate=0.0,
+                           prefix_cache_readmission_hit_rate=0.0)
         self.counters = dict(prompt_tokens_total=0, generation_tokens_total=0,
                              num_preemptions_total=0, kv_cache_evictions_total=0,
+                             prefix_cache_queries_total=0, prefix_cache_hits_total=0,
                              prefix_cache_cached_tokens_total=0, engine_steps_total=0)
         self.finished: dict[str, int] = {}        # finish reason -> requests
         self.ttft = Histogram(TTFT_BUCKETS)
@@ -65,12 +74,19 @@ class ServerMetrics:
         "kv_pages_in_use": ("gauge", "KV cache pages held by running requests."),
         "kv_pages_total": ("gauge", "KV cache pages in the arena."),
         "kv_cache_usage_perc": ("gauge", "Fraction of KV pages in use (1 = full)."),
-        "prefix_cache_hit_rate": ("gauge", "Prefix cache hits / lookups, full pages."),
+        "prefix_cache_hit_rate": ("gauge", "Prompt tokens the prefix cache served at their "
+                                  "request's first admission / prompt tokens admitted."),
+        "prefix_cache_readmission_hit_rate": (
+            "gauge", "Tokens found cached again when a preempted request came back / "
+                     "tokens it brought back (kept apart from the prompt hit rate)."),
+        "prefix_cache_queries_total": ("counter", "Prompt tokens looked up at first admission."),
+        "prefix_cache_hits_total": ("counter", "... of which the prefix cache served."),
         "prompt_tokens_total": ("counter", "Prompt tokens of admitted requests."),
         "generation_tokens_total": ("counter", "Tokens generated."),
         "num_preemptions_total": ("counter", "Requests preempted to free pages."),
         "kv_cache_evictions_total": ("counter", "Cached pages evicted for reuse."),
-        "prefix_cache_cached_tokens_total": ("counter", "Prompt tokens served from the cache."),
+        "prefix_cache_cached_tokens_total": ("counter", "Prompt tokens served from the cache, "
+                                             "summed over finished requests."),
         "engine_steps_total": ("counter", "Engine steps run."),
     }
 

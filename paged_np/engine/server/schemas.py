@@ -64,7 +64,7 @@ class APIError(Exception):
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
-def _validation_error(e: ValidationError) -> APIError:
+def validation_error(e: ValidationError) -> APIError:
     """pydantic's first complaint, as a 400 naming the field (``messages.0.role``)."""
     err = e.errors()[0]
     # The field's path (``messages.0.role``), without pydantic's union-member tags
