@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from paged_np import PagePool
+from paged_np.cache import HashIndex
 
 
 def _hash(i: int) -> bytes:
@@ -38,10 +39,10 @@ def _hash(i: int) -> bytes:
 
 def _cached_pool(n: int, policy: str) -> PagePool:
     """A pool whose every page is CACHED, page i under hash i."""
-    pool = PagePool(n, 16, policy)
+    pool = PagePool(n, 16, HashIndex(16, policy))
     pages = pool.allocate_many(n)
     for i, p in enumerate(pages):
-        pool.register(p, _hash(i), (i,))
+        pool.prefix_index.register(p, _hash(i), (i,))
     for p in pages:
         pool.free(p)
     return pool
@@ -58,7 +59,7 @@ def _time(fn, reps: int) -> float:
 
 
 def bench(n: int, policy: str, reps: int = 20_000) -> dict:
-    pool = PagePool(n, 16, policy)
+    pool = PagePool(n, 16, HashIndex(16, policy))
     held = pool.allocate_many(n // 2)  # a half-full pool, not a fresh one
 
     def alloc_free(k):
@@ -74,8 +75,8 @@ def bench(n: int, policy: str, reps: int = 20_000) -> dict:
 
     def hits(k):
         for i in range(k):
-            p = pool.lookup(_hash(i % hot))
-            pool.acquire(p)
+            p = pool.prefix_index.lookup(_hash(i % hot))
+            pool.touch(p)
             pool.free(p)
 
     row["prefix hit"] = _time(hits, reps)
@@ -85,7 +86,7 @@ def bench(n: int, policy: str, reps: int = 20_000) -> dict:
     def evictions(k):
         for _ in range(k):
             p = pool.allocate()  # no page is FREE: evicts
-            pool.register(p, _hash(next(fresh)), (0,))
+            pool.prefix_index.register(p, _hash(next(fresh)), (0,))
             pool.free(p)
 
     row["eviction"] = _time(evictions, reps)

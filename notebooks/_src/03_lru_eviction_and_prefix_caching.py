@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt
 
 import paged_np as pnp
 from paged_np import viz
-from paged_np.cache.sequence import hash_page, ROOT_HASH
+from paged_np.cache.hash_index import hash_page, ROOT_HASH
 from _exercise import check              # notebooks/_exercise.py: checks your answers
 
 rng = np.random.default_rng(0)
@@ -77,7 +77,7 @@ assert h1 != h_same_tokens_first
 cache = pnp.PagedKVCache(pnp.CacheConfig(num_pages=12, page_size=4, head_dim=8))
 cache.add_sequence("A", system + [21, 22, 23])
 compute(cache, "A", system + [21, 22, 23])
-assert cache.sequence("A").page_hashes == [h0, h1]        # the cache computed the same chain
+assert cache.sequence("A").prefix_handle == [h0, h1]      # its handle: the same chain
 
 # %% [markdown]
 # ## A hit
@@ -229,7 +229,7 @@ assert rates["fifo"][-1] < rates["lru"][-1] <= rates["lfu"][-1]
 #
 # ## Exercise 3: predict the next victim
 #
-# Starting from the state below, the check performs: `touch` on the page that is currently
+# Starting from the state below, the check performs: `mark_used` on the page that is currently
 # the next victim (it moves to the young end, as if just used), then a new request whose
 # prompt is the second system prompt `systems[1]` plus two tokens. Which page will be the
 # next victim after that? Write `next_victim` as a page id, using only
@@ -249,10 +249,10 @@ next_victim = None      # a page id
 
 # %% check 3
 trial = copy.deepcopy(cache)                              # the real cache stays as it is
-trial.touch(order[0])
+trial.mark_used(order[0])
 trial.add_sequence("new", systems[1] + [1, 2])
 check("3", {"next_victim": next_victim}, {"next_victim": trial.pool.eviction_order()[0]},
-      hints="touch moves order[0] to the young end of the line; the new request's hit "
+      hints="mark_used moves order[0] to the young end of the line; the new request's hit "
             "takes the pages of systems[1] out of the line (they are in use again). "
             "Which page is then at the old end?",
       done=f"The line is now {trial.pool.eviction_order()}.")
@@ -305,10 +305,10 @@ next_leaf = None        # "q0", "q1", "q2" or "q3"
 # %% check 3b
 tree_cache = copy.deepcopy(caches["radix"])
 serve(tree_cache, "again", questions[0])
-leaf = tree_cache.tree.node_of(tree_cache.tree.eviction_order()[0])
+leaf = tree_cache.prefix_index.node_of(tree_cache.prefix_index.eviction_order()[0])
 owner = next(f"q{i}" for i, q in enumerate(questions)
-             if tuple(q[:len(tree_cache.tree.tokens_to(leaf))])
-             == tree_cache.tree.tokens_to(leaf))
+             if tuple(q[:len(tree_cache.prefix_index.tokens_to(leaf))])
+             == tree_cache.prefix_index.tokens_to(leaf))
 check("3b", {"next_leaf": next_leaf}, {"next_leaf": owner},
       hints="serving q0 again touches every node on its path, so its leaf is now the "
             "youngest; of the others, which was used longest ago?",

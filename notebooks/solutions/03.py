@@ -5,7 +5,7 @@ exercise first.
 """
 
 # %% exercise 3
-# After touch(order[0]) the line is order[1:] + [order[0]]. The hit on systems[1] takes
+# After mark_used(order[0]) the line is order[1:] + [order[0]]. The hit on systems[1] takes
 # its pages (order[3:6]) out of the line, which leaves order[1] at the old end.
 next_victim = order[1]
 
