@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+
 import numpy as np
 import pytest
 from engine_helpers import BACKENDS, prompts, tiny_model
@@ -226,3 +229,55 @@ def test_invalid_requests(model):
     with pytest.raises(pnp.InvalidArgument, match="params"):
         engine.generate([[1], [2]], [GREEDY])
     assert np.all(engine.cache.block_table is not None)
+
+
+# ------------------------------------------------------------------ one config, ask first
+def test_engine_takes_a_config_and_options_replace_its_fields(model):
+    cfg = pnp.EngineConfig(num_pages=24, page_size=8, max_num_seqs=3, backend="numpy")
+    engine = pnp.Engine(model, cfg, schedule="lpm")
+    assert engine.config == dataclasses.replace(cfg, schedule="lpm")
+    assert (engine.cache.cfg.num_pages, engine.cache.cfg.page_size) == (24, 8)
+    assert engine.scheduler.max_num_seqs == 3 and engine.scheduler.schedule_policy == "lpm"
+    with pytest.raises(pnp.InvalidArgument, match="unknown engine option"):
+        pnp.Engine(model, num_pages=8, max_seqs=2)
+
+
+def test_the_scheduler_never_catches_out_of_pages():
+    """It asks the cache (can_allocate) instead: OutOfPages is an error for callers only."""
+    import paged_np.engine.scheduler as scheduler
+
+    src = inspect.getsource(scheduler)
+    assert "except OutOfPages" not in src and "OutOfPages" not in src
+    assert "can_allocate" in src
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_no_allocation_when_the_cache_says_no(model, mode, monkeypatch):
+    """allocate_slots runs only after can_allocate said yes for at least those tokens."""
+    engine = pnp.Engine(model, num_pages=14, page_size=4, max_num_seqs=6,
+                        max_num_batched_tokens=40, backend="numpy", preemption_mode=mode)
+    cache, said = engine.cache, {}
+    real_can, real_alloc = cache.can_allocate, cache.allocate_slots
+
+    def can_allocate(seq_id, n):
+        said[seq_id] = real_can(seq_id, n) and n
+        return bool(said[seq_id])
+
+    def allocate_slots(seq_id, n):                 # (a swap-in takes its share first)
+        assert said.get(seq_id, 0) >= n, f"allocate_slots({seq_id}, {n}) without asking"
+        said[seq_id] -= n
+        return real_alloc(seq_id, n)
+
+    monkeypatch.setattr(cache, "can_allocate", can_allocate)
+    monkeypatch.setattr(cache, "allocate_slots", allocate_slots)
+    ps = prompts(10, seed=5)
+    outs = engine.generate(ps, pnp.SamplingParams(max_tokens=12, temperature=0.0))
+    assert engine.metrics["preemptions"] > 0                  # pages did run out
+    assert (engine.metrics["swapped_in"] > 0) == (mode == "swap")
+    for p, o in zip(ps, outs):
+        assert o.token_ids == model.dense_generate(p, max_tokens=12)
+    # A cache that always says no: nothing is allocated; the request fails, it does not raise.
+    monkeypatch.setattr(cache, "can_allocate", lambda seq_id, n: False)
+    out = engine.generate([[1, 2, 3]], pnp.SamplingParams(max_tokens=2))[0]
+    assert out.finish_reason == "error" and "cannot fit" in out.error
+    assert engine.cache.stats()["num_in_use"] == 0

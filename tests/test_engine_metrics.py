@@ -43,3 +43,26 @@ def test_demo_summary_labels_the_two_figures():
     text = summary(m, 1, 0)
     assert "25.0% of prompt tokens (first admission)" in text
     assert "7 of 9 re-admitted tokens" in text
+
+
+def test_stats_is_the_servers_snapshot_and_agrees_with_metrics(model):
+    """engine.stats(): what a server exports, from the engine's and the cache's counts."""
+    ps = prompts(10, seed=4, system=list(range(40, 60)))
+    engine = pnp.Engine(model, num_pages=18, page_size=4, max_num_seqs=6,
+                        max_num_batched_tokens=40, backend="numpy")
+    for p in ps:
+        engine.add_request(p, pnp.SamplingParams(max_tokens=10, temperature=0.0))
+    engine.step()
+    mid = engine.stats()
+    assert mid["num_requests_running"] + mid["num_requests_waiting"] == len(ps)
+    assert mid["num_seqs_running"] == len(engine.scheduler.running)
+    assert mid["kv_pages_in_use"] + mid["kv_pages_free"] + mid["kv_pages_cached"] == 18
+    assert mid["kv_cache_usage"] == pytest.approx(mid["kv_pages_in_use"] / 18)
+    while engine.has_unfinished_requests():
+        engine.step()
+    st, m = engine.stats(), engine.metrics
+    for k in ("prefix_hit_rate", "prompt_tokens", "prefix_hit_tokens", "readmission_hit_rate",
+              "readmitted_tokens", "readmitted_hit_tokens", "preemptions", "evictions",
+              "steps", "generated_tokens"):
+        assert st[k] == m[k], k
+    assert st["num_requests_running"] == st["num_requests_waiting"] == st["kv_pages_in_use"] == 0

@@ -3,6 +3,8 @@ streaming, bad input, and the paged engine equal to the dense path."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -283,3 +285,56 @@ def test_check_greedy_finds_a_wrong_token(model, tok):
     bad = good[:3] + [(good[3] + 1) % model.cfg.vocab_size] + good[4:]
     check = check_greedy(model, prompt, bad)
     assert not check.ok and check.mismatch == 3 and check.checked == 3
+
+
+# ------------------------------------------------------------------ every engine option
+#: A valid, non-default value of every EngineConfig field: a field added to the
+#: config without a line here fails test_llm_accepts_every_engine_option.
+OPTION_VALUES = {
+    "num_pages": 48, "kv_cache_memory": "1MiB", "page_size": 8, "max_num_seqs": 5,
+    "max_num_batched_tokens": 96, "preemption_mode": "swap", "swap_pages": 7,
+    "schedule": "lpm", "prefix_cache": "radix", "eviction_policy": "fifo",
+    "backend": "numba", "record_events": True,
+}
+
+
+@pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(pnp.EngineConfig)])
+def test_llm_accepts_every_engine_option(model, tok, name):
+    assert name in OPTION_VALUES, f"no test value for the new EngineConfig field {name!r}"
+    value = OPTION_VALUES[name]
+    size = {} if name in ("num_pages", "kv_cache_memory") else {"num_pages": 32}
+    llm = pnp.LLM(model, tokenizer=tok, verbose=False, **size, **{name: value})
+    assert getattr(llm.engine.config, name) == value
+    assert llm.engine.config.max_num_seqs == (value if name == "max_num_seqs" else 16)
+
+
+def test_llm_takes_a_config_and_options_replace_its_fields(model, tok):
+    cfg = pnp.EngineConfig(num_pages=24, schedule="lpm", max_num_seqs=3)
+    llm = pnp.LLM(model, tokenizer=tok, config=cfg, prefix_cache="radix", verbose=False)
+    c = llm.engine.config
+    assert (c.num_pages, c.schedule, c.prefix_cache, c.max_num_seqs) == (24, "lpm", "radix", 3)
+    assert llm.engine.cache.cfg.prefix_cache == "radix"
+    with pytest.raises(pnp.InvalidArgument, match="unknown engine option"):
+        pnp.LLM(model, tokenizer=tok, prefix_caching=True, verbose=False)
+
+
+def test_greedy_text_unchanged_by_radix_lpm_and_swap(model, tok):
+    """The redesign's promise: the cache-aware options change speed, never the text."""
+    system = "The paged cache keeps the keys and values of every token in fixed-size pages. "
+    questions = ["What is a block table?", "Hello!", "What is the capital of France?",
+                 "How are you today?", "Why share pages?", "And the answer is?"]
+    convs = [[{"role": "system", "content": system}, {"role": "user", "content": q}]
+             for q in questions]
+    params = pnp.SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    small = dict(num_pages=14, page_size=8, max_num_seqs=6, max_num_batched_tokens=64)
+    want = [o.outputs[0].text for o in make_llm(model, tok).chat(convs, params)]
+    for opts in (dict(prefix_cache="radix"), dict(schedule="lpm"),
+                 dict(preemption_mode="swap"),
+                 dict(prefix_cache="radix", schedule="lpm", preemption_mode="swap")):
+        llm = make_llm(model, tok, **small, **opts)
+        got = [o.outputs[0].text for o in llm.chat(convs, params)]
+        assert got == want, opts
+        m = llm.engine.metrics
+        assert m["preemptions"] > 0 and m["prefix_hit_tokens"] > 0, opts
+        if opts.get("preemption_mode") == "swap":
+            assert m["swapped_out"] > 0, opts
