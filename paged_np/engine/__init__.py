@@ -3,10 +3,15 @@
 Read in this order:
 
 1. :mod:`.sampling` -- :class:`SamplingParams` and how a token is drawn from logits;
-2. :mod:`.scheduler` -- which requests run this step, and preemption under pressure;
-3. :mod:`.outputs` -- what a finished request returns (vLLM's names);
-4. :mod:`.engine` -- :class:`Engine`, one step = schedule, model forward, sample;
-5. :mod:`.llm` -- :class:`LLM`, vLLM's offline API: text in, text out.
+2. :mod:`.outputs` -- what a request returns (vLLM's names);
+3. :mod:`.request` -- the engine's record of a request and the scheduler's of each
+   sample, and which object keeps each count;
+4. :mod:`.scheduler` -- which requests run this step, and preemption under pressure
+   (:mod:`.schedule_policy` orders the queue, :mod:`.swap` keeps swapped pages);
+5. :mod:`.engine` -- :class:`Engine`, one step = schedule, model forward, sample
+   (:mod:`.stats` counts what happened);
+6. :mod:`.llm` -- :class:`LLM`, vLLM's offline API: text in, text out;
+7. :mod:`.server` -- the OpenAI-compatible HTTP server over an :class:`LLM`.
 """
 
 from .engine import Engine
