@@ -25,8 +25,12 @@ all of them.
 
 from .attention import AttentionMetadata, merge_attention_states, paged_attention
 from .cache.eviction import EvictionPolicy, FIFOPolicy, LFUPolicy, LRUPolicy
+from .cache.hash_index import HashIndex
+from .cache.indexes import make_prefix_index
 from .cache.kv_cache import BatchMetadata, Event, PagedKVCache
 from .cache.page_pool import PagePool
+from .cache.prefix_index import PrefixIndex
+from .cache.radix import RadixCache
 from .config import CacheConfig, EngineConfig, ModelConfig
 from .engine.engine import Engine
 from .engine.llm import LLM
@@ -65,6 +69,10 @@ __all__ = [
     "LFUPolicy",
     "LRUPolicy",
     "PagePool",
+    "PrefixIndex",
+    "HashIndex",
+    "RadixCache",
+    "make_prefix_index",
     "PagedKVCache",
     # attention
     "AttentionMetadata",

@@ -49,11 +49,6 @@ def check_choice(name: str, value, choices) -> None:
         raise InvalidArgument(f"{name} must be one of {tuple(choices)}, got {value!r}")
 
 
-def _check_prefix_cache(prefix_cache, eviction_policy, owner: str) -> None:
-    """Temporary: the page pool's old check, until the prefix index replaces it."""
-    check_choice(f"{owner}.prefix_cache", prefix_cache, PREFIX_CACHES)
-
-
 def check_eviction_policy(name: str, policy) -> None:
     """A policy name, or a class (checked to be an EvictionPolicy when the cache makes it)."""
     if not isinstance(policy, type) and not (isinstance(policy, str)
