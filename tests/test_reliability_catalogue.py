@@ -111,16 +111,15 @@ CATALOGUE = [
      InvalidArgument, "device"),
     # ---- page pool ----------------------------------------------------------------------
     ("PagePool num_pages=0", lambda w: pnp.PagePool(0, 16), InvalidArgument, "num_pages"),
-    ("PagePool eviction_policy", lambda w: pnp.PagePool(4, 16, "mru"),
+    ("HashIndex eviction_policy", lambda w: pnp.PagePool(4, 16, pnp.HashIndex(16, "mru")),
      InvalidArgument, "eviction_policy"),
     ("pool.free of a FREE page", lambda w: w.cache.pool.free(5), StalePage, "page_id"),
     ("pool.free past the arena", lambda w: w.cache.pool.free(6), IndexOutOfRange, "page_id"),
     ("pool.share of a FREE page", lambda w: w.cache.pool.share(5), StalePage, "page_id"),
-    ("pool.acquire unindexed page", lambda w: w.cache.pool.acquire(1), StalePage, "page_id"),
-    ("pool.touch IN_USE page", lambda w: w.cache.pool.touch(0), StalePage, "page_id"),
+    ("pool.touch unindexed page", lambda w: w.cache.pool.touch(1), StalePage, "page_id"),
     ("pool.ref_count float id", lambda w: w.cache.pool.ref_count(1.0), DTypeError, "page_id"),
     ("pool.state bool id", lambda w: w.cache.pool.state(True), DTypeError, "page_id"),
-    ("pool.register str hash", lambda w: w.cache.pool.register(1, "h", [1]),
+    ("index.register str hash", lambda w: w.cache.prefix_index.register(1, "h", [1]),
      DTypeError, "page_hash"),
     # ---- cache ----------------------------------------------------------------------------
     ("add_sequence duplicate id", lambda w: w.cache.add_sequence("a", [1]),
@@ -171,7 +170,7 @@ CATALOGUE = [
      "seq_id"),
     ("release_pages_before float", lambda w: w.cache.release_pages_before("a", 1.5),
      DTypeError, "num_tokens"),
-    ("touch an IN_USE page", lambda w: w.cache.touch(0), StalePage, "page_id"),
+    ("mark_used an IN_USE page", lambda w: w.cache.mark_used(0), StalePage, "page_id"),
     ("layer str", lambda w: w.cache.layer("0"), DTypeError, "layer"),
     # ---- paged_attention (on the cache's own pages) ------------------------------------
     ("attn q int", lambda w: attn(w, q=np.zeros((1, 4, 8), np.int32)), DTypeError, "q"),
