@@ -9,7 +9,7 @@ import numpy as np
 
 import paged_np as pnp
 from paged_np.models.gguf import permute_qk
-from paged_np.models.llama import _weight_shapes
+from paged_np.models.llama import weight_shapes
 
 # Sizes whose every "in" dimension is a multiple of 32, the quantization block.
 TINY_REAL = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32,
@@ -39,7 +39,7 @@ def quant_round_trip(w: np.ndarray, type_name: str) -> np.ndarray:
 def quantized_reference(model: pnp.LlamaModel, type_name: str) -> pnp.LlamaModel:
     """The model whose weights went through the same quantization as the file (norms F32)."""
     out = {}
-    for name in _weight_shapes(model.cfg):
+    for name in weight_shapes(model.cfg):
         w = model.w[name]
         if name.endswith("norm"):
             out[name] = w

@@ -51,7 +51,7 @@ class ScriptedModel(pnp.LlamaModel):
 def scripted_llm(model, tok, answer: str, prompt: str, **kw):
     script = tok.encode(answer) + [tok.eos_token_id]
     scripted = ScriptedModel(model.cfg, {k: model.w[k] for k in
-                                         pnp.models.llama._weight_shapes(model.cfg)},
+                                         pnp.models.llama.weight_shapes(model.cfg)},
                              script, len(tok.encode(prompt, add_special_tokens=True)))
     return make_llm(scripted, tok, **kw)
 

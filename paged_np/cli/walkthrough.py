@@ -117,7 +117,7 @@ def run(out: str | None = DEFAULT_OUT["walkthrough"], quiet: bool = False) -> Pa
     if out:
         from ..viz import arena as viz
 
-        plt = viz._pyplot()
+        plt = viz.pyplot()
         fig, axes = plt.subplots(len(steps), 1, figsize=(11, 1.15 * len(steps) + 0.6))
     for i, (title, action) in enumerate(steps, 1):
         note = action()

@@ -217,9 +217,9 @@ def load_gguf(path) -> tuple[ModelConfig, dict, Tokenizer]:
 
 
 def _read_weights(tensors: dict, cfg: ModelConfig) -> dict:
-    from .llama import _weight_shapes
+    from .llama import weight_shapes
 
-    shapes = _weight_shapes(cfg)
+    shapes = weight_shapes(cfg)
     weights = {name: np.empty(shape, dtype=np.float32) for name, shape in shapes.items()}
     seen = set()
     for gname, t in tensors.items():

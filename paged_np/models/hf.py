@@ -124,7 +124,7 @@ def _read_safetensors(path: Path) -> dict:
 
 def load_hf(path) -> tuple[ModelConfig, dict, Tokenizer]:
     """Read a Hugging Face Llama directory: ``(config, {our_name: float32 array}, tokenizer)``."""
-    from .llama import _weight_shapes
+    from .llama import weight_shapes
 
     path = Path(path)
     if not (path / "config.json").is_file():
@@ -137,7 +137,7 @@ def load_hf(path) -> tuple[ModelConfig, dict, Tokenizer]:
             if list(path.glob("*.bin")) else ""
         raise ModelLoadError(f"{path}: no *.safetensors files{extra}")
     tokenizer = Tokenizer.from_hf_dir(path)
-    shapes = _weight_shapes(cfg)
+    shapes = weight_shapes(cfg)
     weights = {name: np.empty(shape, dtype=np.float32) for name, shape in shapes.items()}
     seen = set()
     for file in files:

@@ -62,7 +62,7 @@ from ..errors import DTypeError, InvalidArgument, ShapeError
 _LAYER_WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
 
 
-def _weight_shapes(cfg: ModelConfig) -> dict:
+def weight_shapes(cfg: ModelConfig) -> dict:
     """Our weight names and shapes; projections are ``[in, out]`` (``y = x @ w``)."""
     H, L, D = cfg.hidden_size, cfg.num_layers, cfg.head_dim
     q_dim, kv_dim, inter = cfg.num_heads * D, cfg.num_kv_heads * D, cfg.intermediate_size
@@ -104,7 +104,7 @@ class ForwardBatch:
 class LlamaModel:
     """A Llama-style decoder with NumPy weights (float32).
 
-    ``weights`` maps the names of :func:`_weight_shapes` to arrays
+    ``weights`` maps the names of :func:`weight_shapes` to arrays
     (projections ``[in, out]``); with ``cfg.tie_word_embeddings`` there is no
     ``lm_head``. The arrays are copied into the fused layout (see the module
     docstring), so the caller may free its own.
@@ -121,7 +121,7 @@ class LlamaModel:
         if not isinstance(cfg, ModelConfig):
             raise DTypeError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
         self.cfg = cfg
-        shapes = _weight_shapes(cfg)
+        shapes = weight_shapes(cfg)
         missing = sorted(set(shapes) - set(weights))
         if missing:
             raise InvalidArgument(f"weights: missing {missing}")
@@ -176,7 +176,7 @@ class LlamaModel:
             raise DTypeError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
         rng = np.random.default_rng(seed)
         weights = {}
-        for name, shape in _weight_shapes(cfg).items():
+        for name, shape in weight_shapes(cfg).items():
             if name.endswith("norm"):
                 weights[name] = np.ones(shape, dtype=np.float32)
                 continue
@@ -189,7 +189,7 @@ class LlamaModel:
 
     def save(self, path) -> None:
         """Write the weights and the config to one ``.npz`` file."""
-        names = _weight_shapes(self.cfg)
+        names = weight_shapes(self.cfg)
         np.savez(path, __config__=np.array(json.dumps(asdict(self.cfg))),
                  **{k: self.w[k] for k in names})
 

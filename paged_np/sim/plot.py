@@ -13,10 +13,10 @@ shown on screen (the Agg backend), so they work in scripts, tests and CI:
 
 from __future__ import annotations
 
-from ..viz.arena import _pyplot
+from ..viz.arena import pyplot
 
 # pyplot without forcing a backend: Jupyter keeps its inline one, scripts get Agg.
-plt = _pyplot()
+plt = pyplot()
 
 CATEGORIES = ("token_states", "reservation", "internal_frag", "external_frag")
 LABELS = {"token_states": "token states", "reservation": "reservation",

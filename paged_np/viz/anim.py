@@ -16,7 +16,7 @@ notebook runs the same everywhere.
 from __future__ import annotations
 
 from ..errors import InvalidArgument
-from .arena import STATE_COLORS, _pyplot, draw_frame, owner_color, replay_events
+from .arena import STATE_COLORS, draw_frame, owner_color, pyplot, replay_events
 
 
 def animate_events(events, num_pages: int, by: str = "step", cols: int = 16,
@@ -27,7 +27,7 @@ def animate_events(events, num_pages: int, by: str = "step", cols: int = 16,
     ``max_frames`` frames are kept (the last ones). The rectangles are drawn
     once and only recoloured per frame, so long logs stay cheap.
     """
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.animation import FuncAnimation
 
     frames = replay_events(events, num_pages, by=by)[-max_frames:]
@@ -59,7 +59,7 @@ def animation_html(anim) -> object:
     Returns an ``IPython.display.HTML`` when IPython is there, else the string.
     """
     html = anim.to_jshtml(default_mode="once")
-    _pyplot().close(anim._fig)
+    pyplot().close(anim._fig)
     try:
         from IPython.display import HTML
     except ImportError:
@@ -84,7 +84,7 @@ def event_slider(events, num_pages: int, by: str = "step", cols: int = 16,
         return _static_frames(frames, cols, static_frames)
     from IPython.display import display
 
-    plt = _pyplot()
+    plt = pyplot()
 
     def show(i):
         fig = draw_frame(frames[i], cols=cols)
@@ -96,7 +96,7 @@ def event_slider(events, num_pages: int, by: str = "step", cols: int = 16,
 
 
 def _static_frames(frames, cols: int, k: int):
-    plt = _pyplot()
+    plt = pyplot()
     k = max(1, min(k, len(frames)))
     picks = sorted({round(j * (len(frames) - 1) / max(1, k - 1)) for j in range(k)})
     n = len(frames[0][1])

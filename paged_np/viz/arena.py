@@ -28,7 +28,7 @@ from ..errors import InvalidArgument
 STATE_COLORS = {"free": "#e6e6e6", "cached": "#f2c14e", "in_use": "#4c72b0"}
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline"):
@@ -51,7 +51,7 @@ def owner_color(seq_id):
     sequences of a notebook cell all get different colours (the 11th id
     reuses the first colour).
     """
-    palette = _pyplot().get_cmap("tab10").colors
+    palette = pyplot().get_cmap("tab10").colors
     idx = _OWNER_INDEX.setdefault(str(seq_id), len(_OWNER_INDEX))
     return palette[idx % len(palette)]
 
@@ -72,7 +72,7 @@ def draw_arena(cache, ax=None, title: str | None = None, cols: int | None = None
     owner's colour and are labelled with the owner; a page shared by several
     block tables shows its ref count (``x2``).
     """
-    plt = _pyplot()
+    plt = pyplot()
     n = cache.cfg.num_pages
     cols = cols or min(n, 16)
     rows = -(-n // cols)
@@ -109,7 +109,7 @@ def draw_arena(cache, ax=None, title: str | None = None, cols: int | None = None
 
 def add_state_legend(fig) -> None:
     """A legend of the page states along the bottom of ``fig``."""
-    plt = _pyplot()
+    plt = pyplot()
     handles = [plt.Rectangle((0, 0), 1, 1, facecolor=c, edgecolor="black", linewidth=0.5)
                for c in STATE_COLORS.values()]
     fig.legend(handles, ["free", "cached (ref 0, hashed)", "in use (coloured by owner)"],
@@ -129,7 +129,7 @@ def draw_block_tables(cache, seq_ids=None, ax=None, title: str | None = None,
     page, so a page shared by several block tables (a prefix hit, a fork)
     receives several arrows and shows its ref count (``x2``).
     """
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.patches import FancyArrowPatch
 
     seq_ids = list(cache.seq_ids if seq_ids is None else seq_ids)
@@ -203,7 +203,7 @@ def draw_lru(cache, ax=None, title: str | None = None):
     Under LRU the right end holds the page released (or touched) most
     recently; a prefix hit takes a page out of the line, ``free`` appends.
     """
-    plt = _pyplot()
+    plt = pyplot()
     order = cache.pool.eviction_order()
     k = max(1, len(order))
     if ax is None:
@@ -273,7 +273,7 @@ def replay_events(events, num_pages: int, by: str = "step"):
 
 def draw_frame(frame, ax=None, cols: int = 16):
     """One frame of :func:`replay_events` as an arena grid (like :func:`draw_arena`)."""
-    plt = _pyplot()
+    plt = pyplot()
     label, states, owners = frame
     n = len(states)
     cols = min(n, cols)
@@ -364,7 +364,7 @@ def draw_timeline(events, num_pages: int, steps=None, ax=None, title: str | None
     :func:`step_series`), drawn in a second panel: running and waiting
     requests, preemptions as red lines.
     """
-    plt = _pyplot()
+    plt = pyplot()
     c = state_counts(events, num_pages)
     series = step_series(steps) if steps is not None else None
     if ax is None:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .arena import STATE_COLORS, _pyplot
+from .arena import STATE_COLORS, pyplot
 
 
 def draw_engine_run(metrics: dict, title: str = "paged_np engine run"):
     """Pages by state and requests by queue over the steps of a run."""
-    plt = _pyplot()
+    plt = pyplot()
     s = metrics["series"]
     steps = np.asarray(s["step"])
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True,

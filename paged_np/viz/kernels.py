@@ -16,7 +16,7 @@ import numpy as np
 
 from ..checks import check_positive_int
 from ..errors import InvalidArgument, ShapeError
-from .arena import _pyplot
+from .arena import pyplot
 
 
 def online_softmax_trace(q, k, page_size: int, scale: float | None = None) -> dict:
@@ -54,7 +54,7 @@ def draw_online_softmax(q, k, page_size: int, scale: float | None = None):
     """Three panels: scores by page with the running max; the running sum with the
     rescaling factor ``alpha`` at each page; the final weights beside the dense softmax.
     """
-    plt = _pyplot()
+    plt = pyplot()
     t = online_softmax_trace(q, k, page_size, scale)
     n, n_pages = len(t["scores"]), len(t["m"])
     pos = np.arange(n)
@@ -109,7 +109,7 @@ def draw_roofline(points, peak_bandwidth: float, peak_flops: float | None = None
     attention reads every K/V byte once for about 1 FLOP per byte (fp32), so
     it always sits far left, under the memory roof.
     """
-    plt = _pyplot()
+    plt = pyplot()
     if not points:
         raise InvalidArgument("points is empty: there is nothing to draw")
     if not peak_bandwidth > 0:

@@ -15,7 +15,7 @@ Matplotlib is imported only when a function is called.
 from __future__ import annotations
 
 from ..errors import InvalidArgument
-from .arena import STATE_COLORS, _pyplot
+from .arena import STATE_COLORS, pyplot
 
 
 def _tree_of(cache_or_tree):
@@ -61,7 +61,7 @@ def _layout(tree) -> dict:
 
 def draw_radix_tree(cache, ax=None, title: str | None = None, max_tokens: int = 4):
     """Draw the tree of ``cache`` (a radix PagedKVCache, or a RadixCache); returns the Figure."""
-    plt = _pyplot()
+    plt = pyplot()
     tree = _tree_of(cache)
     if ax is None:
         fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -110,7 +110,7 @@ def radix_story(page_size: int = 2, num_pages: int = 14):
     from ..cache.kv_cache import PagedKVCache
     from ..config import CacheConfig
 
-    plt = _pyplot()
+    plt = pyplot()
     cache = PagedKVCache(CacheConfig(num_pages=num_pages, page_size=page_size, num_layers=1,
                                      num_kv_heads=1, head_dim=2, prefix_cache="radix"))
 
