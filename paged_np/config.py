@@ -310,10 +310,6 @@ class EngineConfig:
                      num_kv_heads=model_cfg.num_kv_heads, head_dim=model_cfg.head_dim,
                      dtype=dtype, eviction_policy=self.eviction_policy,
                      prefix_cache=self.prefix_cache)
-        if self.prefix_cache == "radix" and model_cfg.sliding_window is not None:
-            raise InvalidArgument(
-                "prefix_cache='radix' with a sliding-window model is not supported: pages the "
-                "window releases would stay pinned under the live path; use 'hash'")
         num_pages = self.num_pages
         if num_pages is None:
             budget = parse_bytes(self.kv_cache_memory or self.DEFAULT_KV_CACHE_MEMORY)

@@ -67,9 +67,14 @@ def test_from_options_replaces_and_one_size_replaces_the_other():
     assert dataclasses.replace(base) == base
 
 
-def test_radix_refuses_a_sliding_window_model():
+def test_radix_refuses_a_sliding_window_model_through_the_index_not_a_branch():
+    from paged_np.cache import HashIndex, RadixCache
+
+    assert RadixCache.no_sliding_window and not HashIndex.no_sliding_window
+    model = pnp.LlamaModel.random(pnp.ModelConfig(sliding_window=8), seed=0)
     with pytest.raises(pnp.InvalidArgument, match="sliding-window"):
-        EngineConfig(prefix_cache="radix").cache_config(pnp.ModelConfig(sliding_window=8))
+        pnp.Engine(model, num_pages=8, prefix_cache="radix")
+    pnp.Engine(model, num_pages=8, prefix_cache="hash")
 
 
 def test_load_model_uses_the_architecture_table():

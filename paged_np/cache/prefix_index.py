@@ -54,6 +54,9 @@ class PrefixIndex(ABC):
 
     #: ``"hash"`` or ``"radix"``: what ``cache.stats()["prefix_cache"]`` reports.
     kind = "base"
+    #: Why this index cannot serve a sliding-window model, or "" when it can. A window
+    #: releases a live sequence's oldest pages; an index must be able to let them go.
+    no_sliding_window = ""
 
     def __init__(self, page_size: int, policy):
         from .eviction import make_policy

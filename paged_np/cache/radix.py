@@ -90,6 +90,8 @@ class RadixCache(PrefixIndex):
     """
 
     kind = "radix"
+    no_sliding_window = ("pages the window releases would stay pinned under the live "
+                         "sequence's locked path; use prefix_cache='hash'")
 
     def __init__(self, page_size: int, policy="lru"):
         super().__init__(page_size, policy)

@@ -98,6 +98,10 @@ class Engine:
         self.config = cfg = EngineConfig.from_options(config, **options)
         self.model = model
         self.cache = PagedKVCache(cfg.cache_config(model.cfg), record_events=cfg.record_events)
+        refusal = self.cache.prefix_index.no_sliding_window
+        if model.cfg.sliding_window is not None and refusal:
+            raise InvalidArgument(f"Engine: prefix_cache={cfg.prefix_cache!r} cannot serve a "
+                                  f"sliding-window model: {refusal}")
         self.scheduler = Scheduler(self.cache, cfg, model.cfg.sliding_window)
         self._requests: dict = {}                      # unfinished, by request id
         self.requests = types.MappingProxyType(self._requests)
