@@ -9,7 +9,8 @@ computed. After each answer a status line shows it::
 
 Type a message and press Enter; ``/exit`` or end of input (Ctrl-D) quits,
 ``/reset`` starts a new conversation. ``--model tiny`` chats with the random
-toy model (gibberish, but fast: for tests).
+toy model (gibberish, but fast: for tests). Every engine option is a flag
+(``--prefix-cache radix``, ``--num-pages``...: see ``--help``).
 """
 
 from __future__ import annotations
@@ -18,22 +19,34 @@ import argparse
 import sys
 import time
 
+from .options import add_engine_args, engine_config, engine_options
 
-def parse_args(argv):
+#: The chat's own defaults for engine options: a smaller arena than a server's
+#: (one conversation), and LLM's seats and token budget.
+CHAT_DEFAULTS = {"kv_cache_memory": "64MiB", "max_num_seqs": 16, "max_num_batched_tokens": 512}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command's flags: its own, then one per engine option."""
     p = argparse.ArgumentParser(prog="python -m paged_np chat",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct",
                    help="a known name, a .gguf file, a Hugging Face directory, or 'tiny'")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per answer at most")
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-    p.add_argument("--kv-cache-memory", default="64MiB", help="the arena's size (default 64MiB)")
     p.add_argument("--system", default=None, help="a system prompt (default: the template's)")
-    p.add_argument("--backend", default="auto", choices=["numpy", "numba", "auto"])
+    add_engine_args(p, defaults=CHAT_DEFAULTS)     # every EngineConfig field, as a flag
+    return p
+
+
+def parse_args(argv):
+    p = build_parser()
     args = p.parse_args(argv)
     if args.max_tokens < 1:
         p.error("--max-tokens must be >= 1")
     if args.temperature < 0:
         p.error("--temperature must be >= 0")
+    engine_config(args, p)                         # a refused engine option exits here
     return args
 
 
@@ -46,9 +59,8 @@ def make_llm(args):
 
         tok = Tokenizer.tiny()
         model = LlamaModel.random(ModelConfig(vocab_size=tok.vocab_size), seed=0)
-        return LLM(model, tokenizer=tok, kv_cache_memory=args.kv_cache_memory,
-                   backend=args.backend)
-    return LLM(args.model, kv_cache_memory=args.kv_cache_memory, backend=args.backend)
+        return LLM(model, tokenizer=tok, **engine_options(args))
+    return LLM(args.model, **engine_options(args))
 
 
 def answer(llm, messages, params, write) -> tuple[str, object, float]:
@@ -86,7 +98,7 @@ def main(argv: list[str], stdin=None, stdout=None) -> int:
     except ModelLoadError as e:
         print(f"chat: cannot load {args.model!r}: {e}", file=sys.stderr)
         return 1
-    from .demo import warm_up
+    from ..serving import warm_up
 
     compile_s = warm_up(llm.model, llm.engine.cache.cfg.page_size, args.backend)
     print(f"JIT compile + first calls (kept out of tokens/s): {compile_s:.2f} s", file=stdout)

@@ -19,8 +19,11 @@ the newest running request is preempted. At the end:
   reference``; the exit status is 1 if any request differs or failed;
 - ``paged_np_out/demo.png``: pages over time by state, running/waiting over time.
 
-Options: ``--requests --pages --page-size --backend --preemption --seed
---no-verify --out``.
+Options: ``--requests --seed --no-verify --out``, and every engine option
+(:class:`~paged_np.EngineConfig`: ``--pages``/``--num-pages``, ``--page-size``,
+``--backend``, ``--preemption``/``--preemption-mode``, ``--prefix-cache``,
+``--schedule``...). The serving loop, the warm-up and the summary table are
+the library's (:mod:`paged_np.serving`); notebooks use the same ones.
 """
 
 from __future__ import annotations
@@ -32,30 +35,39 @@ import time
 import numpy as np
 
 from ..config import ModelConfig
-from ..engine.engine import ENGINE_BACKENDS, PREEMPTION_MODES, Engine
-from ..engine.sampling import SamplingParams
+from ..engine.engine import Engine
 from ..models.llama import LlamaModel
+from ..serving import serve, summary, warm_up
 from . import DEFAULT_OUT, make_parent
+from .options import add_engine_args, engine_config, engine_options
+
+#: The toy demo's engine options (the rest are EngineConfig's): a cache too small for
+#: the stream, so requests wait, are preempted and come back.
+TOY_DEFAULTS = {"num_pages": 40, "max_num_seqs": 8, "max_num_batched_tokens": 256}
+#: The spellings the demo had before every engine option became a flag.
+ALIASES = {"num_pages": ["--pages"], "preemption_mode": ["--preemption"]}
 
 
-def parse_args(argv):
+def build_parser() -> argparse.ArgumentParser:
+    """The command's flags: its own, then one per engine option."""
     p = argparse.ArgumentParser(prog="python -m paged_np demo --model tiny",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=["tiny"], default="tiny", help="the toy model")
     p.add_argument("--requests", type=int, default=32, help="number of requests (default 32)")
-    p.add_argument("--pages", type=int, default=40, help="pages in the cache (default 40)")
-    p.add_argument("--page-size", type=int, default=16, help="tokens per page (default 16)")
-    p.add_argument("--backend", choices=ENGINE_BACKENDS, default="auto",
-                   help="paged attention backend (default auto)")
-    p.add_argument("--preemption", choices=PREEMPTION_MODES, default="recompute")
     p.add_argument("--seed", type=int, default=0, help="seeds the weights and the workload")
     p.add_argument("--no-verify", action="store_true", help="skip the dense-reference check")
     p.add_argument("--out", default=DEFAULT_OUT["demo"],
                    help=f"where to draw the run (default {DEFAULT_OUT['demo']})")
+    add_engine_args(p, defaults=TOY_DEFAULTS, aliases=ALIASES)
+    return p
+
+
+def parse_args(argv):
+    p = build_parser()
     args = p.parse_args(argv)
-    for name in ("requests", "pages", "page_size"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.requests < 1:
+        p.error("--requests must be >= 1")
+    engine_config(args, p)                       # --pages 0 and the like exit here
     return args
 
 
@@ -69,24 +81,6 @@ def make_workload(n: int, vocab: int, seed: int):
         prompt = (system + user) if i % 2 == 0 else user
         work.append((i // 2, prompt, int(rng.integers(16, 64))))  # two arrive per step
     return work
-
-
-def serve(engine: Engine, work, on_finish=None) -> list:
-    """Feed requests at their arrival steps, step until all are done; outputs in order."""
-    pending = list(enumerate(work))
-    results = {}
-    step = 0
-    while pending or engine.has_unfinished_requests():
-        while pending and pending[0][1][0] <= step:
-            i, (_, prompt, max_tokens) = pending.pop(0)
-            engine.add_request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0),
-                               request_id=i)
-        for out in engine.step():
-            results[out.request_id] = out
-            if on_finish is not None:
-                on_finish(out)
-        step += 1
-    return [results[i] for i in range(len(work))]
 
 
 def verify(model, outs, work) -> list[str]:
@@ -108,45 +102,6 @@ def verify(model, outs, work) -> list[str]:
     return problems
 
 
-def warm_up(model, page_size: int, backend: str) -> float:
-    """Compile the kernels before the clock starts; returns the seconds it took.
-
-    Numba compiles each kernel on its first call (about 8 s cold; well under
-    a second when its on-disk cache is warm). One small request, whose
-    130-token prompt takes the BLAS prefill path and whose two decode steps
-    take the decode kernel, triggers every compile the demo needs, so the
-    served run's tokens/s measures serving, not compiling.
-    """
-    t0 = time.perf_counter()
-    engine = Engine(model, num_pages=-(-140 // page_size) + 1, page_size=page_size,
-                    max_num_batched_tokens=256, backend=backend)
-    prompt = [i % model.cfg.vocab_size for i in range(130)]
-    engine.generate([prompt], SamplingParams(max_tokens=2, temperature=0.0))
-    return time.perf_counter() - t0
-
-
-def summary(m: dict, n_requests: int, n_failed: int) -> str:
-    rows = [
-        ("requests", f"{n_requests}" + (f" ({n_failed} failed)" if n_failed else "")),
-        ("generated tokens", f"{m['generated_tokens']}"),
-        ("engine steps", f"{m['steps']}"),
-        ("tokens/s", f"{m['tokens_per_s']:.0f}"),
-        ("peak pages in use", f"{m['peak_pages_in_use']} / {m['num_pages']}"),
-        ("prefix hit rate", f"{m['prefix_hit_rate']:.1%} of prompt tokens (first admission)"),
-        ("reused after preemption", f"{m['readmitted_hit_tokens']} of "
-                                    f"{m['readmitted_tokens']} re-admitted tokens"),
-        ("evictions", f"{m['evictions']}"),
-        ("preemptions", f"{m['preemptions']}"
-         + (f" ({m['swapped_out']} swapped)" if m["swapped_out"] else "")),
-        ("copy-on-write copies", f"{m['cow_copies']}"),
-        ("time: schedule / model / sample",
-         f"{m['schedule_s']:.2f} s / {m['model_s']:.2f} s / {m['sample_s']:.2f} s"),
-    ]
-    width = max(len(k) for k, _ in rows)
-    line = "-" * (width + 30)
-    return "\n".join([line] + [f"{k:<{width}}  {v}" for k, v in rows] + [line])
-
-
 def wants_toy(argv) -> bool:
     """``--model tiny`` (or ``--model=tiny``) among the arguments."""
     return any(a == "--model=tiny" or (a == "--model" and argv[i + 1:i + 2] == ["tiny"])
@@ -163,13 +118,13 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     model = LlamaModel.random(ModelConfig(), seed=args.seed)
     work = make_workload(args.requests, model.cfg.vocab_size, args.seed)
-    engine = Engine(model, num_pages=args.pages, page_size=args.page_size, max_num_seqs=8,
-                    max_num_batched_tokens=256, preemption_mode=args.preemption,
-                    backend=args.backend)
+    engine = Engine(model, **engine_options(args))
+    pages = engine.cache.cfg.num_pages
     compile_s = warm_up(model, args.page_size, args.backend)
     print(f"JIT compile + first calls (warm-up, kept out of tokens/s): {compile_s:.2f} s")
-    print(f"serving {args.requests} requests on a {args.pages}-page cache "
-          f"(page_size {args.page_size}, {args.preemption} preemption, backend {args.backend})")
+    print(f"serving {args.requests} requests on a {pages}-page cache "
+          f"(page_size {args.page_size}, {args.preemption_mode} preemption, "
+          f"backend {args.backend})")
     t0 = time.perf_counter()
     with tqdm(total=len(work), unit="req", desc="serving") as bar:
         outs = serve(engine, work, on_finish=lambda _: bar.update())
@@ -192,8 +147,8 @@ def main(argv: list[str]) -> int:
 
     from ..viz.engine import draw_engine_run
 
-    fig = draw_engine_run(m, title=f"{args.requests} requests, {args.pages} pages of "
-                                   f"{args.page_size}, {args.preemption} preemption")
+    fig = draw_engine_run(m, title=f"{args.requests} requests, {pages} pages of "
+                                   f"{args.page_size}, {args.preemption_mode} preemption")
     fig.savefig(make_parent(args.out), dpi=110)
     print(f"drew {args.out}")
     return status

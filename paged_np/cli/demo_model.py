@@ -14,7 +14,9 @@ engine chose, and each request must end the way it says (EOS, or
 ``max_tokens``). A near-tie (top-2 logit gap below 1e-4) is printed as one.
 The exit status is 1 if anything fails, including the fetch (no fallback).
 
-``--model tiny`` runs the toy demo with random weights (:mod:`.demo`).
+``--model tiny`` runs the toy demo with random weights (:mod:`.demo`, which
+dispatches here for every other model). Every engine option is a flag
+(``--pages``/``--num-pages``, ``--prefix-cache``, ``--schedule``...: see ``--help``).
 """
 
 from __future__ import annotations
@@ -23,8 +25,14 @@ import argparse
 import sys
 import time
 
-from ..engine.engine import ENGINE_BACKENDS, PREEMPTION_MODES
 from . import DEFAULT_OUT, make_parent
+from .options import add_engine_args, engine_config, engine_options
+
+#: The real demo's engine options (the rest are EngineConfig's): 24 pages hold far
+#: fewer tokens than 16 chat requests need together.
+DEMO_DEFAULTS = {"num_pages": 24, "max_num_seqs": 16, "max_num_batched_tokens": 512}
+#: The spellings the demo had before every engine option became a flag.
+ALIASES = {"num_pages": ["--pages"], "preemption_mode": ["--preemption"]}
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -46,7 +54,8 @@ QUESTIONS = [
 ]
 
 
-def parse_args(argv):
+def build_parser() -> argparse.ArgumentParser:
+    """The command's flags: its own, then one per engine option."""
     p = argparse.ArgumentParser(prog="python -m paged_np demo",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct",
@@ -54,21 +63,23 @@ def parse_args(argv):
                         "the toy demo (default smollm2-135m-instruct)")
     p.add_argument("--requests", type=int, default=16, help="questions to serve (default 16)")
     p.add_argument("--max-tokens", type=int, default=40, help="tokens per answer at most")
-    p.add_argument("--pages", type=int, default=24, help="pages in the cache (default 24)")
-    p.add_argument("--page-size", type=int, default=16, help="tokens per page (default 16)")
-    p.add_argument("--max-num-seqs", type=int, default=16)
-    p.add_argument("--backend", choices=ENGINE_BACKENDS, default="auto")
-    p.add_argument("--preemption", choices=PREEMPTION_MODES, default="recompute")
     p.add_argument("--no-verify", action="store_true", help="skip the dense check")
     p.add_argument("--threads", type=int, default=1,
                    help="BLAS and Numba threads (default 1: spinning BLAS threads are slow "
                         "on a busy machine, see paged_np.models.blas)")
     p.add_argument("--out", default=DEFAULT_OUT["demo"],
                    help=f"where to draw the run (default {DEFAULT_OUT['demo']})")
+    add_engine_args(p, defaults=DEMO_DEFAULTS, aliases=ALIASES)
+    return p
+
+
+def parse_args(argv):
+    p = build_parser()
     args = p.parse_args(argv)
-    for name in ("requests", "max_tokens", "pages", "page_size", "max_num_seqs", "threads"):
+    for name in ("requests", "max_tokens", "threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    engine_config(args, p)                       # --pages 0 and the like exit here
     return args
 
 
@@ -112,26 +123,25 @@ def run(args) -> int:
     from ..engine.llm import LLM
     from ..engine.sampling import SamplingParams
     from ..errors import ModelLoadError, PagedNPError
-    from . import demo as toy
+    from ..serving import summary, warm_up
 
     t_start = time.perf_counter()
     try:
-        llm = LLM(args.model, num_pages=args.pages, page_size=args.page_size,
-                  max_num_seqs=args.max_num_seqs, max_num_batched_tokens=512,
-                  backend=args.backend, preemption_mode=args.preemption)
+        llm = LLM(args.model, **engine_options(args))
     except ModelLoadError as e:
         print(f"demo: cannot load {args.model!r}: {e}", file=sys.stderr)
         return 1
     t_loaded = time.perf_counter()
     print(f"loaded {llm.model_name} in {t_loaded - t_start:.1f} s "
           f"({llm.model.nbytes / 2**20:.0f} MiB of float32 weights)")
-    compile_s = toy.warm_up(llm.model, args.page_size, args.backend)
+    compile_s = warm_up(llm.model, args.page_size, args.backend)
+    pages = llm.engine.cache.cfg.num_pages
     print(f"JIT compile + first calls (warm-up, kept out of tokens/s): {compile_s:.2f} s")
 
     questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(args.requests)]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0)
     print(f"serving {len(questions)} chat requests (shared default system prompt) on "
-          f"{args.pages} pages of {args.page_size} tokens, {args.preemption} preemption")
+          f"{pages} pages of {args.page_size} tokens, {args.preemption_mode} preemption")
     try:
         for i, q in enumerate(questions):
             llm.add_request(i, llm.tokenizer.apply_chat_template([{"role": "user", "content": q}]),
@@ -156,7 +166,7 @@ def run(args) -> int:
     print()
     m = llm.engine.metrics
     failed = [o for o in outs if o.finish_reason == "error"]
-    print(toy.summary(m, len(outs), len(failed)))
+    print(summary(m, len(outs), len(failed)))
     prompt_tokens = sum(len(o.prompt_token_ids) for o in outs)
     cached = sum(o.num_cached_tokens for o in outs)
     print(f"prefix hits: {cached} of {prompt_tokens} prompt tokens ({cached / prompt_tokens:.1%})"
@@ -176,7 +186,7 @@ def run(args) -> int:
     from ..viz.engine import draw_engine_run
 
     fig = draw_engine_run(m, title=f"{llm.model_name}: {len(outs)} chat requests, "
-                                   f"{args.pages} pages of {args.page_size}")
+                                   f"{pages} pages of {args.page_size}")
     fig.savefig(make_parent(args.out), dpi=110)
     print(f"drew {args.out}")
     print(f"total {time.perf_counter() - t_start:.1f} s")

@@ -1,7 +1,9 @@
 """``python -m paged_np info``: versions, attention backends and the machine.
 
 Answers "what will ``backend="auto"`` pick here, and why not the others?"
-without compiling a kernel: each backend is only imported.
+without compiling a kernel: each backend of the registry
+(:data:`paged_np.registry.ATTENTION_BACKENDS`) is only imported, and listed with
+whether the serving engine runs it.
 """
 
 from __future__ import annotations
@@ -12,18 +14,27 @@ import sys
 
 
 def backends() -> dict[str, str]:
-    """backend name -> "available" or the reason it is not."""
+    """backend name -> "available" or the reason it is not, for every registered backend."""
     from ..attention import load_backend
     from ..errors import PagedNPError
+    from ..registry import ATTENTION_BACKENDS
 
     status = {}
-    for name in ("numpy", "numba", "cuda"):
+    for name in ATTENTION_BACKENDS:
         try:
             load_backend(name)
             status[name] = "available"
         except (PagedNPError, ImportError) as e:
             status[name] = f"unavailable: {str(e).splitlines()[0]}"
     return status
+
+
+def engine_use(name: str) -> str:
+    """Whether ``Engine(backend=name)`` runs it, and if not why (from the registry)."""
+    from ..registry import ATTENTION_BACKENDS
+
+    spec = ATTENTION_BACKENDS[name]
+    return "engine: yes" if spec.engine else f"engine: no ({spec.why_not_engine})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"numpy    {np.__version__}")
     print(f"numba    {numba.__version__} (threads: {numba.get_num_threads()})")
     print(f"cpus     {os.cpu_count()}")
-    print("backends:")
+    from ..registry import ATTENTION_BACKENDS
+
+    print("backends (paged_np.registry.ATTENTION_BACKENDS):")
     for name, state in backends().items():
         print(f"  {name:<6} {state}")
+        print(f"  {'':<6} {ATTENTION_BACKENDS[name].about}; {engine_use(name)}")
     return 0

@@ -7,6 +7,11 @@ becomes ``--prefix-cache``, with the field's help and choices) and an option
 added to the config needs no change here. A command may give a field its
 own default (the server seats more sequences than the toy demo) and older
 spellings of a flag (``--pages`` for ``--num-pages``).
+
+The cache's size is one choice given two ways (``--num-pages`` or
+``--kv-cache-memory``): a command's default size is used only when neither
+flag is given, so ``--num-pages 40`` never clashes with a default of
+``64MiB`` (nor ``--kv-cache-memory 1MiB`` with a default of 40 pages).
 """
 
 from __future__ import annotations
@@ -16,6 +21,11 @@ import dataclasses
 
 from ..config import EngineConfig
 from ..registry import backend_names
+
+#: The two ways to size the cache; a command gives a default for one of them at most.
+SIZE_FIELDS = ("num_pages", "kv_cache_memory")
+#: Where :func:`add_engine_args` keeps that default, used when neither flag is given.
+SIZE_DEFAULT = "default_cache_size"
 
 
 def flag(name: str) -> str:
@@ -31,6 +41,8 @@ def add_engine_args(parser: argparse.ArgumentParser, defaults: dict | None = Non
     maps a field to extra spellings of its flag (``{"num_pages": ["--pages"]}``).
     """
     defaults, aliases = defaults or {}, aliases or {}
+    if all(defaults.get(name) is not None for name in SIZE_FIELDS):
+        raise ValueError(f"give a default for one of {SIZE_FIELDS}, not both")
     unknown = set(defaults) | set(aliases)
     unknown -= {f.name for f in dataclasses.fields(EngineConfig)}
     if unknown:
@@ -42,6 +54,10 @@ def add_engine_args(parser: argparse.ArgumentParser, defaults: dict | None = Non
         meta = dict(f.metadata)
         names = [flag(f.name), *aliases.get(f.name, ())]
         kw = dict(dest=f.name, default=default, help=f"{meta['help']} (default: {default})")
+        if f.name in SIZE_FIELDS:               # the size's default: only when no size is given
+            kw["default"] = None
+            if default is not None:
+                parser.set_defaults(**{SIZE_DEFAULT: {f.name: default}})
         choices = meta.get("choices")
         if choices == "engine-backends":
             choices = backend_names(engine=True)
@@ -59,9 +75,24 @@ def add_engine_args(parser: argparse.ArgumentParser, defaults: dict | None = Non
 
 def engine_options(args: argparse.Namespace) -> dict:
     """The :class:`EngineConfig` fields from parsed flags, as keyword arguments."""
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)}
+    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)}
+    if options["num_pages"] is None and options["kv_cache_memory"] is None:
+        options.update(getattr(args, SIZE_DEFAULT, {}))
+    return options
 
 
-def engine_config(args: argparse.Namespace) -> EngineConfig:
-    """The :class:`EngineConfig` the parsed flags describe (validated)."""
-    return EngineConfig(**engine_options(args))
+def engine_config(args: argparse.Namespace,
+                  parser: argparse.ArgumentParser | None = None) -> EngineConfig:
+    """The :class:`EngineConfig` the parsed flags describe (validated).
+
+    With ``parser``, a value the config refuses (``--num-pages 0``) exits
+    through ``parser.error`` with the config's message, as a bad flag does.
+    """
+    from ..errors import PagedNPError
+
+    try:
+        return EngineConfig(**engine_options(args))
+    except PagedNPError as e:
+        if parser is None:
+            raise
+        parser.error(str(e))

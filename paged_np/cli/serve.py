@@ -4,19 +4,29 @@
 
     python -m paged_np serve --model smollm2-135m-instruct --port 8000
     python -m paged_np serve --model tiny-random          # no download: random weights
+    python -m paged_np serve --prefix-cache radix --schedule lpm   # multi-turn chat's best
 
 Then point any OpenAI client at ``http://127.0.0.1:8000/v1`` (see
 :mod:`paged_np.engine.server` for the endpoints). Ctrl-C or SIGTERM lets
 in-flight requests finish for ``--drain-timeout`` seconds, aborts the rest
 and exits.
+
+Every :class:`~paged_np.EngineConfig` field is a flag (``--help`` lists them,
+:mod:`paged_np.cli.options` makes them), so an engine option reaches the
+server without a line here.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from .options import add_engine_args, engine_config, engine_options
+
 # A model that needs no download: random weights and the tiny test tokenizer.
 TINY_MODEL = "tiny-random"
+
+#: The server's own defaults for engine options (the rest are EngineConfig's).
+SERVE_DEFAULTS = {"max_num_seqs": 32, "max_num_batched_tokens": 512}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,20 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the name clients send as 'model' (default: --model)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--kv-cache-memory", default=None,
-                    help="KV cache budget, e.g. 256MiB (the default) or a number of bytes")
-    ap.add_argument("--num-pages", type=int, default=None,
-                    help="KV cache size in pages (instead of --kv-cache-memory)")
-    ap.add_argument("--page-size", type=int, default=16)
-    ap.add_argument("--max-num-seqs", type=int, default=32)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=None)
-    ap.add_argument("--backend", default="auto", choices=["auto", "numba", "numpy"])
-    ap.add_argument("--eviction-policy", default="lru", choices=["lru", "fifo", "lfu"])
-    ap.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"])
     ap.add_argument("--seed", type=int, default=0, help="weights seed of --model tiny-random")
     ap.add_argument("--drain-timeout", type=float, default=5.0,
                     help="seconds in-flight requests get to finish at shutdown")
     ap.add_argument("--log-level", default="info")
+    # every EngineConfig field is a flag (--prefix-cache radix --schedule lpm ...);
+    # a server seats more sequences, and batches more tokens, than the library's defaults
+    add_engine_args(ap, defaults=SERVE_DEFAULTS)
     return ap
 
 
@@ -68,17 +71,15 @@ def build_llm(args):
         from ..models import load_model
 
         model, tok = load_model(args.model)
-    llm = LLM(model, tokenizer=tok, kv_cache_memory=args.kv_cache_memory,
-              num_pages=args.num_pages, page_size=args.page_size,
-              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              backend=args.backend, eviction_policy=args.eviction_policy,
-              preemption_mode=args.preemption_mode, verbose=True)
+    llm = LLM(model, tokenizer=tok, verbose=True, **engine_options(args))
     llm.model_name = args.served_model_name or args.model
     return llm
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    engine_config(args, parser)                  # a refused option exits here, before loading
     from ..engine.server import serve
 
     llm = build_llm(args)
