@@ -201,13 +201,27 @@ class Scheduler:
         """Tokens of what ``req`` would ask ``add_sequence`` for that are cached now."""
         # The index may keep what it derives from the tokens (a hash chain) in the
         # request's memo, as vLLM keeps block hashes on its Request: the tokens only grow.
-        return self.cache.num_cached_prefix_tokens(req.tokens(0, self._num_known(req)),
+        return self.cache.num_cached_prefix_tokens(self._lookup_tokens(req),
                                                    memo=req.prefix_memo)
 
     @staticmethod
     def _num_known(req: Request) -> int:
         """Tokens admission hands the cache: those swapped out, or all it knows."""
         return req.num_swapped_tokens if req.status == SWAPPED else req.num_tokens
+
+    def _lookup_tokens(self, req: Request) -> list:
+        """The tokens admission looks up in the prefix cache.
+
+        The cache never serves the last token it is given (it must be computed, to
+        give logits). A new or recomputed request gives all it knows. A swapped
+        request gives one token past what it swapped out, so that every token
+        whose K/V it had may be served: the one left to compute is the next one
+        anyway. Had its last swapped page been recomputed instead, the radix tree
+        (which still holds that run) would pin its cached copy under the request,
+        a page no ``can_allocate`` before the swap-in could have counted.
+        """
+        n = self._num_known(req)
+        return req.tokens(0, min(n + 1, req.num_tokens) if req.status == SWAPPED else n)
 
     def _admit(self, req: Request, budget: int):
         """Put ``req`` in the cache and size its first chunk.
@@ -218,7 +232,7 @@ class Scheduler:
         cache = self.cache
         swapped = req.status == SWAPPED
         n_known = self._num_known(req)
-        n_hit = cache.add_sequence(req.seq_id, req.tokens(0, n_known))  # prefix: no compute
+        n_hit = cache.add_sequence(req.seq_id, self._lookup_tokens(req))  # prefix: no compute
         req.seq = cache.sequence(req.seq_id)
         if not swapped:
             self.release_outside_window(req)
