@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt
 import paged_np as pnp
 from paged_np import viz
 from paged_np.sim import simulate, workloads
-from paged_np.cli.demo import serve
+from paged_np.serving import serve       # the loop the demo runs, from the library
 from _exercise import check              # notebooks/_exercise.py: checks your answers
 
 N_REQUESTS = 24          # size knob: requests in the streams below
@@ -93,7 +93,7 @@ assert tokens_per_step.tolist() == by_hand
 #
 # Now a stream like a server's: two requests arrive per step, every other one starts with
 # the same 24-token system prompt (three pages of 8), and each asks for 8 to 24 tokens.
-# `paged_np.cli.demo.serve` feeds each request to the engine at its arrival step and steps
+# `paged_np.serving.serve` feeds each request to the engine at its arrival step and steps
 # until everything is done. First a roomy cache of 64 pages.
 
 # %%

@@ -19,7 +19,6 @@ import matplotlib.pyplot as plt
 
 import paged_np as pnp
 from paged_np import viz
-from paged_np.engine.llm import page_nbytes
 from paged_np.models import llama
 from _exercise import check              # notebooks/_exercise.py: checks your answers
 
@@ -59,7 +58,7 @@ def chat_of(question):
 
 # %%
 P = 16
-per_page = page_nbytes(cfg, P)
+per_page = pnp.EngineConfig(page_size=P).cache_config(cfg).bytes_per_page   # the LLM's own sum
 per_token = per_page // P
 print(f"one token of KV: {per_token:,} bytes; one page of {P} tokens: "
       f"{per_page / 1024:.0f} KiB")
@@ -215,12 +214,12 @@ llm = make_llm(num_pages=64, page_size=P)
 for i, p in enumerate(prompts):
     llm.add_request(i, p, pnp.SamplingParams(max_tokens=12, temperature=0))
 llm.step()                                   # the prefills
-model_s, steps = llm.engine._stats["model_s"], 0
+model_s, steps = llm.engine.metrics["model_s"], 0
 with attention_kernel(timed_attention):
     while llm.has_unfinished_requests():
         llm.step()
         steps += 1
-fwd = (llm.engine._stats["model_s"] - model_s) / steps
+fwd = (llm.engine.metrics["model_s"] - model_s) / steps
 att = spent["attention"] / steps
 print(f"decode step, batch of 3: forward {fwd * 1e3:.0f} ms = attention "
       f"{att * 1e3:.0f} ms + matmuls and the rest {(fwd - att) * 1e3:.0f} ms")
@@ -347,9 +346,9 @@ def blog_pool(pool):
         def num_available(self):
             return self.num_pages             # "there is always an LRU page"
 
-        def allocate(self):
-            if self._free or len(self.policy):
-                p = super().allocate()
+        def allocate(self, seq_id=None):
+            if self.num_free or self.prefix_index.num_evictable:
+                p = super().allocate(seq_id)
             else:                             # steal the oldest page, live or not
                 p = next(p for p in self.order if self.ref_count(p) > 0)
                 self.share(p)                 # keep the ref counts consistent
