@@ -18,26 +18,31 @@ Four traces of token ids, shaped like the workloads of the SGLang paper
   when its parent finishes);
 - ``system``: a few long system prompts shared by many short questions.
 
-Every request is served through the real :class:`~paged_np.PagedKVCache`
-(an arena of negligible size: the bookkeeping is what is measured) with
-``prefix_cache="hash"`` or ``"radix"``. Admission is a *simulation* of the
-engine's scheduler, not the scheduler itself (there is no model to run): all
-requests without a parent are waiting at step 0 (an offline batch, as in
-SGLang's benchmarks); each step, every running request decodes
-``DECODE_CHUNK`` tokens (when pages run out the most recently admitted one
-is preempted and recomputed later, as in the engine), then waiting requests
-are admitted while seats and pages allow, in the order
-:func:`paged_np.engine.schedule_policy.admission_order` gives, the very
-function the engine's scheduler uses for ``Engine(schedule="fcfs"|"lpm")``.
-An admission prefills its whole prompt at once, minus the cached prefix.
+Every trace is served by the engine's own :class:`~paged_np.engine.scheduler.Scheduler`
+over the real :class:`~paged_np.PagedKVCache` (``prefix_cache="hash"`` or
+``"radix"``, ``schedule="fcfs"`` or ``"lpm"``, built from one
+:class:`~paged_np.EngineConfig`), as :class:`~paged_np.Engine` would, with
+the model taken out: nothing is computed (the arena is one layer of one
+head, the bookkeeping is what is measured) and "sampling" returns the
+trace's next output token. So admission, chunked prefill, the token and
+seat budgets, preemption (the newest running request, recomputed later)
+and the lpm ranking are the engine's, not a copy. All requests without a
+parent are waiting at step 0 (an offline batch, as in SGLang's benchmarks);
+a request whose parent is still running joins the queue when it finishes.
+Each step decodes one token per running request; ``MAX_BATCHED_TOKENS`` is
+large enough that a whole prompt is one chunk.
 
 Reported per run: the prompt hit rate (tokens reused at each request's
-first admission / prompt tokens), the prefill tokens computed (every
-admission, so the recomputation after a preemption counts), preemptions;
+first admission / prompt tokens: the engine's ``prefix_hit_rate``), the
+prefill tokens (prompt tokens computed over every admission, so the
+recomputation after a preemption counts), preemptions, engine steps;
 and per trace the *optimal* hit rate, computed independently of any cache:
 an offline trie over the trace in its own order with unlimited memory
 (:func:`~.simulate.max_reusable_fraction`), in which a prompt reuses every
-whole page an earlier request wrote.
+whole page an earlier request wrote. (The engine never computes the KV of
+a request's last generated token, which it does not feed back, so a chat
+turn whose history ends exactly on a page boundary finds one page fewer
+than the trie: the optimum is a bound, not always reachable.)
 """
 
 from __future__ import annotations
@@ -45,9 +50,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..cache.kv_cache import PagedKVCache
-from ..config import CacheConfig
-from ..engine.schedule_policy import admission_order
-from ..errors import OutOfPages
+from ..config import EngineConfig, ModelConfig
+from ..engine.outputs import RequestOutput, SampleOutput
+from ..engine.request import ParentRequest, Request
+from ..engine.sampling import SamplingParams
+from ..engine.scheduler import Scheduler
+from ..errors import InvalidArgument
 from . import workloads as wl
 from .simulate import max_reusable_fraction
 
@@ -57,8 +65,14 @@ SCHEDULES = ("fcfs", "lpm")
 PAGE_SIZES = (1, 16)
 #: Cache sizes as fractions of the trace's distinct tokens (its trie with unlimited cache).
 FRACTIONS = (0.1, 0.25, 0.5)
-MAX_RUNNING = 16        # seats: requests running at once
-DECODE_CHUNK = 8        # tokens each running request writes per step (keeps the run short)
+MAX_RUNNING = 16        # seats: requests running at once (the engine's max_num_seqs)
+#: Tokens in one step (max_num_batched_tokens): vLLM's offline default, so a whole
+#: prompt of these traces (at most 2,048 tokens) is one chunk, as in SGLang's runs.
+MAX_BATCHED_TOKENS = 8192
+#: The shapes the cache needs from a model; nothing is computed, so the least of each:
+#: the arena is negligible and the bookkeeping is what is measured.
+TINY_MODEL = ModelConfig(vocab_size=wl.VOCAB_SIZE, hidden_size=2, num_layers=1, num_heads=1,
+                         num_kv_heads=1, head_dim=2, intermediate_size=1)
 
 
 # -------------------------------------------------------------------- traces
@@ -89,85 +103,63 @@ def distinct_tokens(trace, page_size: int) -> int:
 
 
 # --------------------------------------------------------------------- serving
+def _request(index: int, prompt: list, num_output: int) -> Request:
+    """The scheduler's record of trace request ``index`` (one sample, greedy, never stops)."""
+    params = SamplingParams(max_tokens=num_output, temperature=0.0)
+    output = RequestOutput(index, prompt, [SampleOutput(0)])
+    parent = ParentRequest(index, index, prompt, params, output)
+    return Request(index, parent, output.samples[0], rng=None)   # seq id = trace index
+
+
 def serve(trace, parent, prefix_cache: str, schedule: str, num_pages: int, page_size: int,
-          max_running: int = MAX_RUNNING, chunk: int = DECODE_CHUNK) -> dict:
-    """Serve the trace through a real PagedKVCache; see the module docstring."""
-    cache = PagedKVCache(CacheConfig(num_pages=num_pages, page_size=page_size, num_layers=1,
-                                     num_kv_heads=1, head_dim=1, prefix_cache=prefix_cache),
-                         record_events=False)
-    prompts = [r.prompt.tolist() for r in trace]
-    hashes: dict = {}                         # hash chain of each prompt, made once (as vLLM)
+          max_running: int = MAX_RUNNING,
+          max_batched_tokens: int = MAX_BATCHED_TOKENS) -> dict:
+    """Serve the trace with the engine's scheduler and cache; see the module docstring.
 
-    def prefix_len(req):
-        if prefix_cache == "hash" and req not in hashes:
-            hashes[req] = cache.prompt_page_hashes(prompts[req])
-        return cache.num_cached_prefix_tokens(prompts[req], page_hashes=hashes.get(req))
-
+    Each step is :meth:`Engine.step` without the model: the scheduler picks
+    the tokens (admitting, chunking, preempting), their KV is "written"
+    (``cache.append_tokens``, as the engine records a step), and a sequence
+    that reached the end of what it knows "samples" the trace's next output
+    token. A request whose output is complete is removed (its full pages stay
+    cached) and the requests waiting for it join the queue.
+    """
+    config = EngineConfig(num_pages=num_pages, page_size=page_size, max_num_seqs=max_running,
+                          max_num_batched_tokens=max_batched_tokens, schedule=schedule,
+                          prefix_cache=prefix_cache)
+    cache = PagedKVCache(config.cache_config(TINY_MODEL))
+    sched = Scheduler(cache, config)
     outputs = [r.output.tolist() for r in trace]
     children: dict = {}
     for i, p in enumerate(parent):
         children.setdefault(p, []).append(i)
-    waiting = list(children.get(-1, []))      # arrival order
-    arrived_at = {i: 0 for i in waiting}      # admissions counter when it joined the queue
-    running: list = []                        # [request, tokens of output written], by admission
-    admissions = prefill = preemptions = 0
-    first_hit: dict = {}                      # request -> tokens reused at its first admission
-    while waiting or running:
-        # 1. Decode: every running request writes its next chunk of output.
-        i = 0
-        while i < len(running):
-            req, done = running[i]
-            n = min(chunk, len(outputs[req]) - done)
-            try:
-                cache.allocate_slots(req, n)
-            except OutOfPages:
-                victim, _ = running.pop()     # the newest, maybe this one
-                cache.free(victim)
-                preemptions += 1
-                waiting.insert(0, victim)
-                arrived_at[victim] = admissions
-                continue
-            cache.append_tokens(req, outputs[req][done:done + n])
-            running[i][1] += n
-            if running[i][1] == len(outputs[req]):
-                cache.free(req)
-                running.pop(i)
-                for c in children.get(req, []):
-                    waiting.append(c)
-                    arrived_at[c] = admissions
-                continue
-            i += 1
-        # 2. Admit, in the schedule's order, while seats and pages allow.
-        if len(running) < max_running and waiting:
-            queue, now = waiting, admissions
-            order = admission_order(
-                len(queue), schedule,
-                prefix_len=lambda j: prefix_len(queue[j]),  # noqa: B023
-                skipped=lambda j: now - arrived_at[queue[j]])  # noqa: B023
-            admitted = set()
-            for j in order:
-                if len(running) >= max_running:
-                    break
-                req = waiting[j]
-                hit = cache.add_sequence(req, prompts[req])
-                try:
-                    cache.allocate_slots(req, len(prompts[req]) - hit)
-                except OutOfPages:
-                    cache.free(req)
-                    if running:
-                        break                 # wait for pages to come back
-                    raise
-                cache.append_tokens(req, prompts[req][hit:])
-                first_hit.setdefault(req, hit)
-                prefill += len(prompts[req]) - hit
-                admissions += 1
-                running.append([req, 0])
-                admitted.add(j)
-            waiting = [r for j, r in enumerate(waiting) if j not in admitted]
+    for i in children.get(-1, []):                # an offline batch: all waiting at step 0
+        sched.add(_request(i, trace[i].prompt.tolist(), len(outputs[i])))
+    first_hit: dict = {}                          # request -> tokens reused at first admission
+    prefill = steps = 0
+    while sched.running or sched.waiting:
+        out = sched.schedule()
+        if out.failed:
+            raise InvalidArgument(f"prefix simulation: {out.failed[0][1]}")
+        for req, _, hit in out.admitted:
+            first_hit.setdefault(req.seq_id, hit)
+        for req, n, _ in out.scheduled:           # the step's tokens, written
+            start = req.num_computed_tokens
+            cache.append_tokens(req.seq_id, req.tokens(start, start + n))
+            prefill += max(0, min(start + n, len(req.parent.prompt)) - start)
+            if req.num_computed_tokens < req.num_tokens:
+                continue                          # a prefill chunk: nothing to sample
+            done = req.sample.token_ids           # "sample": the trace's next token
+            done.append(outputs[req.seq_id][len(done)])
+            if len(done) == len(outputs[req.seq_id]):
+                sched.remove(req)                 # finished: its full pages stay cached
+                for c in children.get(req.seq_id, []):
+                    sched.add(_request(c, trace[c].prompt.tolist(), len(outputs[c])))
+        steps += 1
     cache.check_invariants()
-    prompt_tokens = sum(len(p) for p in prompts)
+    prompt_tokens = sum(r.input_len for r in trace)
     return {"hit_rate": sum(first_hit.values()) / prompt_tokens, "prefill_tokens": prefill,
-            "preemptions": preemptions, "prompt_tokens": prompt_tokens}
+            "preemptions": sched.num_preemptions, "prompt_tokens": prompt_tokens,
+            "steps": steps}
 
 
 def run(seed: int = 0, progress: bool = True, workloads=WORKLOADS, page_sizes=PAGE_SIZES,
@@ -207,7 +199,7 @@ def run(seed: int = 0, progress: bool = True, workloads=WORKLOADS, page_sizes=PA
                      "cache_pages": pages, "prefix_cache": pc, "schedule": sch, **res,
                      "optimal_hit_rate": opt,
                      "of_optimal": res["hit_rate"] / opt if opt else 0.0})
-    return {"seed": seed, "max_running": MAX_RUNNING, "decode_chunk": DECODE_CHUNK,
+    return {"seed": seed, "max_running": MAX_RUNNING, "max_batched_tokens": MAX_BATCHED_TOKENS,
             "traces": {f"{k[0]}/ps{k[1]}": v for k, v in info.items()}, "rows": rows}
 
 
