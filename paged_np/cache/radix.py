@@ -1,8 +1,7 @@
 """A radix tree of cached token runs (SGLang's RadixAttention), beside the hash chain.
 
-The hash chain (:mod:`.hash_index`) finds a prompt's cached
-prefix by hashing it one full page at a time and looking each hash up in a
-dict. SGLang (Zheng et al., 2024, "SGLang: Efficient Execution of Structured
+The hash chain (:mod:`.hash_index`) finds a prompt's cached prefix by hashing
+it one full page at a time and looking each hash up in a dict. SGLang (Zheng et al., 2024, "SGLang: Efficient Execution of Structured
 Language Model Programs") keeps the same knowledge as a *radix tree*: a trie
 whose edges carry whole runs of tokens, so a long shared preamble is one edge,
 and a node exists only where two cached sequences part ways::
@@ -17,7 +16,8 @@ and a node exists only where two cached sequences part ways::
 A :class:`~paged_np.cache.radix_node.TreeNode` holds an edge's token run
 (``key``), its pages (``value``), ``children``, ``lock_ref`` and stamps.
 
-The operations, one method each:
+The operations, one method each (those of
+:class:`~paged_np.cache.prefix_index.PrefixIndex`, which the hash chain answers too):
 
 - :meth:`RadixCache.match_prefix`: walk down as far as the prompt agrees with
   the tree, in whole pages. When the match ends in the middle of an edge the
@@ -31,9 +31,6 @@ The operations, one method each:
   its whole path (SGLang's ``inc_lock_ref`` / ``dec_lock_ref``).
 - :meth:`RadixCache.evict`: free pages from the unlocked *leaf* the eviction
   policy ranks first (LRU: least recently used), from its end backwards.
-
-These are :class:`~paged_np.cache.prefix_index.PrefixIndex`'s operations, which
-the hash chain answers too.
 
 Why a tree evicts leaves first: a node's K/V is only reachable through its
 parent's. Evicting an inner node would strand its whole subtree (no prompt can

@@ -14,8 +14,8 @@ every ranked request (starving requests among themselves keep arrival
 order). A request therefore waits at most ``max_skips`` admissions plus
 those of the starving requests ahead of it: the delay is bounded.
 
-Both the engine's scheduler (:mod:`.scheduler`) and the prefix-cache
-simulation (:mod:`paged_np.sim.prefix`) call :func:`admission_order`.
+The engine's scheduler (:mod:`.scheduler`) calls :func:`admission_order`; the
+prefix-cache simulation (:mod:`paged_np.sim.prefix`) drives that same scheduler.
 """
 
 from __future__ import annotations
