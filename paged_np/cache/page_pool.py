@@ -51,6 +51,8 @@ class PagePool:
         :func:`~paged_np.cache.indexes.make_prefix_index`); a hash chain with
         LRU eviction when omitted. The pool asks it for victims.
 
+    Notes
+    -----
     Events: ``listener(kind, page_id, seq_id)`` is called on allocate, hit,
     cache and free, with the ``seq_id`` the caller passed.
 

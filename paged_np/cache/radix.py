@@ -1,10 +1,11 @@
 """A radix tree of cached token runs (SGLang's RadixAttention), beside the hash chain.
 
 The hash chain (:mod:`.hash_index`) finds a prompt's cached prefix by hashing
-it one full page at a time and looking each hash up in a dict. SGLang (Zheng et al., 2024, "SGLang: Efficient Execution of Structured
-Language Model Programs") keeps the same knowledge as a *radix tree*: a trie
-whose edges carry whole runs of tokens, so a long shared preamble is one edge,
-and a node exists only where two cached sequences part ways::
+it one full page at a time and looking each hash up in a dict. SGLang (Zheng et
+al., 2024, "SGLang: Efficient Execution of Structured Language Model Programs")
+keeps the same knowledge as a *radix tree*: a trie whose edges carry whole runs
+of tokens, so a long shared preamble is one edge, and a node exists only where
+two cached sequences part ways::
 
     root
      └─ [You are a helpful assistant. Q:]             one edge, many pages
@@ -46,13 +47,11 @@ Granularity: with ``page_size > 1`` a match is a whole number of pages (a
 partly matching page is recomputed, as in SGLang's paged radix cache and in
 vLLM); with ``page_size == 1`` it is token-granular.
 
-Differences from SGLang: the tree never owns a page outright; the page pool
-(:mod:`.page_pool`) keeps the reference counts and the free list, and asks
-the tree for a victim when nothing is free. Eviction trims one page at a time
-from a leaf's end instead of dropping whole leaves, so an allocation frees
-exactly what it needs, as the hash chain's per-page eviction does. A leaf that only its own
-sequence uses grows in place as that sequence decodes, instead of sprouting
-one child per page.
+Differences from SGLang: the tree never owns a page; the page pool keeps the
+reference counts and the free list, and asks the tree for a victim when nothing
+is free. Eviction trims a leaf one page at a time from its end, so an allocation
+frees exactly what it needs. A leaf that only its own sequence uses grows in
+place as that sequence decodes, instead of sprouting one child per page.
 """
 
 from __future__ import annotations
@@ -67,6 +66,8 @@ from .radix_node import TreeNode
 class RadixCache(PrefixIndex):
     """The tree, plus the accounting the page pool needs.
 
+    A sequence's handle (what it keeps and locks) is the node its path reaches.
+
     Parameters
     ----------
     page_size : int
@@ -74,8 +75,8 @@ class RadixCache(PrefixIndex):
     policy : {"lru", "fifo", "lfu"}, an EvictionPolicy subclass or object
         Ranks the unlocked leaves; the smallest priority is evicted first.
 
-    A sequence's handle is the node its path reaches. Example:
-
+    Example
+    -------
     >>> tree = RadixCache(page_size=2)
     >>> node, new = tree.insert((1, 2, 3, 4), [7, 8])
     >>> tree.match_prefix([1, 2, 3, 4, 5])[0] == [7, 8]
