@@ -11,10 +11,9 @@ Every public method validates its arguments first and only then changes
 state, so a refused call (a bad argument, ``OutOfPages``) leaves the pool, the
 block tables, the stats and the arena exactly as they were.
 
-Compared with vLLM: one ``PagedKVCache`` plays the parts of ``KVCacheManager``
-(+ ``BlockPool``) and the attention backend's ``reshape_and_cache``. There is
-no scheduler here (see :mod:`paged_np.engine.engine`), no GPU/CPU split and no
-multi-group (hybrid) cache.
+Compared with vLLM: one ``PagedKVCache`` plays ``KVCacheManager`` (+ ``BlockPool``)
+and the attention backend's ``reshape_and_cache``; no scheduler here
+(:mod:`paged_np.engine.scheduler`), no GPU/CPU split, no hybrid cache.
 
 The prefix cache is a :class:`~paged_np.cache.prefix_index.PrefixIndex`,
 built by :func:`~paged_np.cache.indexes.make_prefix_index` from
@@ -25,9 +24,8 @@ prefix), ``fork`` locks it once more, ``free`` unlocks it. With the tree,
 pages a sliding window releases (``release_pages_before``) stay pinned under
 the live sequence's path until the sequence ends.
 
-A scheduler asks before it allocates: :meth:`PagedKVCache.num_pages_needed`,
-:meth:`~PagedKVCache.can_allocate` and ``num_available_pages``; then
-``allocate_slots`` cannot raise ``OutOfPages``.
+A scheduler asks first (:meth:`PagedKVCache.num_pages_needed`, ``can_allocate``,
+``num_available_pages``); then ``allocate_slots`` cannot raise ``OutOfPages``.
 """
 
 from __future__ import annotations
@@ -56,9 +54,8 @@ from .sequence import Sequence
 
 __all__ = ["BatchMetadata", "Event", "PagedKVCache"]
 
-#: One entry of ``cache.events``: ``kind`` is one of allocate, evict, hit, cache,
-#: free, cow, fork, hash (a page joined the hash index), insert (a page joined
-#: the radix tree).
+#: One entry of ``cache.events``: ``kind`` is allocate, evict, hit, cache, free, cow,
+#: fork, hash (a page joined the hash index) or insert (a page joined the radix tree).
 Event = namedtuple("Event", "step kind page_id seq_id")
 
 
@@ -175,7 +172,10 @@ class PagedKVCache:
 
         Raises ``SequenceTooLong`` when the sequence could never fit in the arena.
         """
-        return self._plan(self._get(seq_id), check_positive_int("n", n))[2]
+        seq, n = self._get(seq_id), check_positive_int("n", n)
+        if n == 1 and self._last_page_has_room(seq):      # decode's common case
+            return 0
+        return self._plan(seq, n)[2]
 
     def can_allocate(self, seq_id, n: int) -> bool:
         """Whether ``allocate_slots(seq_id, n)`` would succeed now (vLLM's ``can_allocate``)."""
@@ -195,12 +195,11 @@ class PagedKVCache:
         n = check_positive_int("n", n)
         ps = self.page_size
         start, bt = seq.num_computed_tokens, seq.block_table
-        last = len(bt) - 1
-        if n == 1 and start // ps == last and bt[last] >= 0 and self.pool.ref_count(bt[last]) == 1:
+        if n == 1 and self._last_page_has_room(seq):
             # Decode's common case: one token into a last page only we hold. Nothing
             # to allocate or copy; the general path below would return the same slot.
             seq.num_pending = 1
-            return np.array([bt[last] * ps + start % ps], dtype=np.int64)
+            return np.array([bt[-1] * ps + start % ps], dtype=np.int64)
         pages_needed, cow, n_new = self._plan(seq, n)
         if n_new and n_new > self.pool.num_available:
             raise OutOfPages(
@@ -221,6 +220,12 @@ class PagedKVCache:
             self.pool.free(bt.pop(), seq_id)
         seq.num_pending = n
         return self._slots(bt, start, n)
+
+    def _last_page_has_room(self, seq: Sequence) -> bool:
+        """The next token goes into the sequence's last page, which only it holds."""
+        bt = seq.block_table
+        return (seq.num_computed_tokens // self.page_size == len(bt) - 1 and bt[-1] >= 0
+                and self.pool.ref_count(bt[-1]) == 1)
 
     def _plan(self, seq: Sequence, n: int) -> tuple[int, list, int]:
         """For ``n`` more tokens: ``(pages the table must have, indices to copy, new pages)``."""
@@ -395,21 +400,18 @@ class PagedKVCache:
         for sid, s in self._seqs.items():
             assert len(s.block_table) * ps >= s.seq_len, f"sequence {sid!r}: too few pages"
             assert len(s.block_table) <= -(-s.seq_len // ps) or s.seq_len == 0, (
-                f"sequence {sid!r} holds pages beyond its tokens"
-            )
+                f"sequence {sid!r} holds pages beyond its tokens")
             assert s.num_indexed_pages == s.num_computed_tokens // ps, (
                 f"sequence {sid!r}: full pages not indexed")
             released = _num_released(s.block_table)
             assert all(p >= 0 for p in s.block_table[released:]), (
-                f"sequence {sid!r}: a released (-1) page after a held one"
-            )
+                f"sequence {sid!r}: a released (-1) page after a held one")
             for p in s.block_table[released:]:
                 holders[p] += 1
         for p in range(self.cfg.num_pages):
             assert holders[p] == self.pool.ref_count(p), (
                 f"ref_count of page {p} is {self.pool.ref_count(p)} but {holders[p]} "
-                "block tables hold it"
-            )
+                "block tables hold it")
         self.prefix_index.check_sequences(self._seqs.values())
 
     # --------------------------------------------------------------- helpers

@@ -110,10 +110,11 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            if req.num_computed_tokens == req.num_tokens:       # a failed step: see _recompute_last
+            left = req.num_tokens - req.num_computed_tokens   # known, KV not yet written
+            if left == 0:                                     # a failed step: see _recompute_last
                 self._recompute_last(self.running.pop(i))
                 continue
-            n = self._make_room(req, min(req.num_tokens - req.num_computed_tokens, budget))
+            n = self._make_room(req, min(left, budget))
             if n > 0:
                 out.scheduled.append((req, n, self.cache.allocate_slots(req.seq_id, n)))
                 budget -= n
