@@ -31,7 +31,7 @@ from .cache.kv_cache import BatchMetadata, Event, PagedKVCache
 from .cache.page_pool import PagePool
 from .cache.prefix_index import PrefixIndex
 from .cache.radix import RadixCache
-from .config import CacheConfig, EngineConfig, ModelConfig
+from .config import CacheConfig, EngineConfig, ModelConfig, SpeculativeConfig
 from .engine.engine import Engine
 from .engine.llm import LLM
 from .engine.sampling import SamplingParams
@@ -91,6 +91,7 @@ __all__ = [
     "CacheConfig",
     "EngineConfig",
     "ModelConfig",
+    "SpeculativeConfig",
     # errors
     "BackendUnavailable",
     "ChatTemplateError",

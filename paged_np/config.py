@@ -41,6 +41,8 @@ KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 PREEMPTION_MODES = ("recompute", "swap")
 #: The order waiting requests are admitted in (see :mod:`paged_np.engine.schedule_policy`).
 SCHEDULES = ("fcfs", "lpm")
+#: How draft tokens are proposed (see :mod:`paged_np.engine.spec_decode`).
+SPEC_METHODS = ("ngram",)
 
 
 def check_choice(name: str, value, choices) -> None:
@@ -177,6 +179,55 @@ class ModelConfig:
         check_choice("ModelConfig.architecture", self.architecture, tuple(ARCHITECTURES))
 
 
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding with n-gram (prompt-lookup) drafts, vLLM's keys.
+
+    A decoding request looks for the latest earlier occurrence of its last
+    ``n`` tokens (``n`` from ``prompt_lookup_max`` down to ``prompt_lookup_min``)
+    in its prompt and output, proposes up to ``num_speculative_tokens`` tokens
+    that followed it, and the engine verifies them all in one forward pass
+    (:mod:`paged_np.engine.spec_decode`, :mod:`paged_np.engine.rejection`).
+
+    Example
+    -------
+    >>> spec = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 4})
+    >>> spec.num_speculative_tokens, spec.prompt_lookup_max, spec.prompt_lookup_min
+    (4, 4, 1)
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4     #: k: drafts verified per step at most
+    prompt_lookup_max: int = 4          #: the longest n-gram looked up
+    prompt_lookup_min: int = 1          #: the shortest n-gram looked up
+
+    def __post_init__(self):
+        check_choice("speculative_config.method", self.method, SPEC_METHODS)
+        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+            object.__setattr__(self, name, check_positive_int(f"speculative_config.{name}",
+                                                              getattr(self, name)))
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise InvalidArgument(
+                f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min}) must be <= "
+                f"prompt_lookup_max ({self.prompt_lookup_max})")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SpeculativeConfig:
+        """From vLLM's dict (``{"method": "ngram", "num_speculative_tokens": 4, ...}``);
+        an unknown key is refused by name."""
+        import dataclasses
+
+        if not isinstance(d, dict):
+            raise DTypeError(f"speculative_config must be a dict or a SpeculativeConfig, "
+                             f"got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise InvalidArgument(f"speculative_config: unknown key(s) {unknown}; the keys "
+                                  f"are {sorted(known)}")
+        return cls(**d)
+
+
 # ---------------------------------------------------------------------------
 # The engine's options: one object, validated once, read by every entry point.
 # ---------------------------------------------------------------------------
@@ -250,6 +301,10 @@ class EngineConfig:
         "lru", "which cached page is evicted first", choices=EVICTION_POLICIES)
     backend: str = _option("auto", "paged attention backend", choices="engine-backends")
     record_events: bool = _option(False, "keep the cache's event log (for drawings)")
+    speculative_config: SpeculativeConfig | dict | None = _option(
+        None, "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", "
+        "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 1}'",
+        json=True)
 
     #: Used when neither num_pages nor kv_cache_memory is given.
     DEFAULT_KV_CACHE_MEMORY = "256MiB"
@@ -276,6 +331,9 @@ class EngineConfig:
         if not isinstance(self.record_events, (bool, np.bool_)):
             raise DTypeError(f"record_events must be a bool, got "
                              f"{type(self.record_events).__name__}")
+        spec = self.speculative_config
+        if spec is not None and not isinstance(spec, SpeculativeConfig):
+            object.__setattr__(self, "speculative_config", SpeculativeConfig.from_dict(spec))
 
     @classmethod
     def from_options(cls, config: EngineConfig | None = None, /, **options) -> EngineConfig:

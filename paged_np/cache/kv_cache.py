@@ -6,6 +6,7 @@ The life of a sequence is four calls (see docs/design.md)::
     slots = cache.allocate_slots("a", n)      # slots for the next n tokens
     cache.write_kv(layer, slots, k, v)        # once per layer
     cache.append_tokens("a", new_ids)         # now written; full pages hashed
+    cache.discard_pending("a")                # speculation: drop unverified slots
 
 Every public method validates its arguments first and only then changes
 state, so a refused call (a bad argument, ``OutOfPages``) leaves the pool, the
@@ -49,6 +50,7 @@ from ..errors import (
 from .arena import Arena
 from .batch import BatchMetadata
 from .indexes import make_prefix_index
+from .invariants import check_cache_invariants
 from .page_pool import CACHED, PagePool
 from .sequence import Sequence
 
@@ -267,6 +269,23 @@ class PagedKVCache:
             self.prefix_index.unlock(old)   # letting go of its start
         seq.prefix_handle, seq.num_indexed_pages = new, full
 
+    def discard_pending(self, seq_id) -> int:
+        """Drop the slots allocated but not appended; returns the pages given back.
+
+        Speculative decoding allocates slots for an input token and ``k``
+        drafts and appends only the verified tokens; this takes the sequence
+        back to its written length. Pages wholly past it (fresh pages of that
+        allocation, never indexed: only full written pages are) go FREE, tail
+        first; a partly written last page (or its copy-on-write copy) stays.
+        """
+        seq = self._get(seq_id)
+        bt, keep = seq.block_table, -(-seq.num_computed_tokens // self.page_size)
+        freed = max(0, len(bt) - keep)                 # pages past the written tokens
+        for _ in range(freed):
+            self.pool.free(bt.pop(), seq_id)
+        seq.num_pending = 0
+        return freed
+
     def fork(self, parent_id, child_id) -> None:
         """The child shares the parent's pages and tokens; writes copy on demand."""
         parent = self._get(parent_id)
@@ -393,26 +412,8 @@ class PagedKVCache:
         self.prefix_index.mark_used(page_id)
 
     def check_invariants(self) -> None:
-        """Raise AssertionError naming the first broken invariant."""
-        self.pool.check_invariants()
-        ps = self.page_size
-        holders = [0] * self.cfg.num_pages
-        for sid, s in self._seqs.items():
-            assert len(s.block_table) * ps >= s.seq_len, f"sequence {sid!r}: too few pages"
-            assert len(s.block_table) <= -(-s.seq_len // ps) or s.seq_len == 0, (
-                f"sequence {sid!r} holds pages beyond its tokens")
-            assert s.num_indexed_pages == s.num_computed_tokens // ps, (
-                f"sequence {sid!r}: full pages not indexed")
-            released = _num_released(s.block_table)
-            assert all(p >= 0 for p in s.block_table[released:]), (
-                f"sequence {sid!r}: a released (-1) page after a held one")
-            for p in s.block_table[released:]:
-                holders[p] += 1
-        for p in range(self.cfg.num_pages):
-            assert holders[p] == self.pool.ref_count(p), (
-                f"ref_count of page {p} is {self.pool.ref_count(p)} but {holders[p]} "
-                "block tables hold it")
-        self.prefix_index.check_sequences(self._seqs.values())
+        """Raise AssertionError naming the first broken invariant (:mod:`.invariants`)."""
+        check_cache_invariants(self)
 
     # --------------------------------------------------------------- helpers
     def _slots(self, bt: list, start: int, n: int) -> np.ndarray:

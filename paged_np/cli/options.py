@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 
 from ..config import EngineConfig
 from ..registry import backend_names
@@ -65,12 +66,26 @@ def add_engine_args(parser: argparse.ArgumentParser, defaults: dict | None = Non
             kw["choices"] = list(choices)
         if isinstance(f.default, bool):
             kw["action"] = argparse.BooleanOptionalAction
+        elif meta.get("json"):                  # a nested config, given as a JSON object
+            kw["type"] = json_object
+            kw["metavar"] = "JSON"
         elif f.name == "kv_cache_memory" or choices is not None:
             kw["type"] = str
         else:
             kw["type"] = int
         group.add_argument(*names, **kw)
     return group
+
+
+def json_object(text: str) -> dict:
+    """A flag's value read as a JSON object (``--speculative-config '{"method": "ngram"}'``)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object {{...}}, got {text!r}")
+    return value
 
 
 def engine_options(args: argparse.Namespace) -> dict:

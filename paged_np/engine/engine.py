@@ -48,13 +48,14 @@ import types
 import numpy as np
 
 from ..cache.kv_cache import PagedKVCache
-from ..checks import as_token_ids
+from ..checks import as_token_ids, check_int
 from ..config import PREEMPTION_MODES, EngineConfig
 from ..errors import DTypeError, InvalidArgument, UnknownRequest
 from ..models.llama import ForwardBatch, LlamaModel
 from ..registry import backend_names
 from .outputs import RequestOutput, SampleOutput
 from .request import ParentRequest, Request
+from .rejection import rejection_sample
 from .sampling import SamplingParams, make_rng, sample_tokens
 from .scheduler import Scheduler
 from .stats import EngineStats
@@ -178,18 +179,22 @@ class Engine:
         raise UnknownRequest(f"request_id {request_id!r} is not running or waiting")
 
     def finish_sample(self, request_id, index: int, reason: str = "stop",
-                      stop_reason=None) -> None:
+                      stop_reason=None, num_tokens: int | None = None) -> None:
         """End one sample of a request now (a stop string seen by the caller).
 
         Its pages go back to the pool; the request finishes (and the next
         :meth:`step` returns it) when its last sample does. ``stop_reason``
-        (the stop string, say) is recorded in its output.
+        (the stop string, say) is recorded in its output. ``num_tokens`` keeps
+        only that many generated tokens: a step with speculation may have
+        emitted a few past the one that completed the stop string.
         """
         parent = self._requests.get(request_id)
         if parent is None:
             raise UnknownRequest(f"request_id {request_id!r} is not running or waiting")
         for req in list(parent.seqs):
             if req.sample.index == index and not req.sample.finished:
+                if num_tokens is not None:
+                    del req.sample.token_ids[check_int("num_tokens", num_tokens, 0):]
                 req.sample.stop_reason = stop_reason
                 self._finish_seq(req, reason)
                 return
@@ -274,13 +279,15 @@ class Engine:
     def _build_batch(self, scheduled) -> ForwardBatch:
         """Concatenate the step's tokens (varlen layout) and fetch the block tables."""
         # One pass in Python over the scheduled sequences, then NumPy on whole arrays.
-        counts, starts, ends, tokens = [], [], [], []
+        counts, starts, ends, tokens, n_logits = [], [], [], [], []
         for s, n, _ in scheduled:
             c = s.num_computed_tokens
             counts.append(n)                                     # new tokens this step
             starts.append(c)                                     # first new position
-            ends.append(s.num_tokens)                            # tokens it knows
-            tokens += s.tokens(c, c + n)
+            drafts = s.spec_token_ids                            # speculation: after the
+            ends.append(s.num_tokens + len(drafts))              # ... input, k drafts
+            tokens += s.tokens(c, c + n - len(drafts)) + drafts
+            n_logits.append(1 + len(drafts))                     # rows if it samples
         counts = np.array(counts, np.int64)                      # [B]
         starts = np.array(starts, np.int64)                      # [B]
         qsl = np.zeros(len(scheduled) + 1, dtype=np.int32)       # [B+1]
@@ -290,18 +297,25 @@ class Engine:
         positions = np.repeat(starts - qsl[:-1], counts) + np.arange(T)  # [T]
         slots = np.concatenate([slots for _, _, slots in scheduled])     # [T] int64
         meta = self.cache.batch([s.seq_id for s, _, _ in scheduled])
-        # Sequences that reach the end of what they know sample a token now.
+        # Sequences that reach the end of what they know sample a token now: from
+        # their last row, or (drafting) from all 1 + k rows, to verify the drafts.
         samples = (starts + counts) == np.array(ends, np.int64)  # [B] bool
-        logits_indices = qsl[1:][samples].astype(np.int64) - 1   # [S] last token of each
+        n_logits = np.array(n_logits, np.int64)[samples]         # [B'] rows each
+        logits_indices = (np.repeat(qsl[1:][samples] - n_logits, n_logits)
+                          + _ranges(n_logits))                   # [S] int64
         return ForwardBatch(np.array(tokens, np.int64), positions, slots, qsl,
                             meta.block_tables, meta.seq_lens, logits_indices)
 
     def _postprocess(self, scheduled, logits) -> None:
-        """Record written tokens, release window pages, sample, fork, finish."""
+        """Record written tokens, release window pages, sample or verify, fork, finish."""
         cache, sched = self.cache, self.scheduler
-        rows, row_seqs = [], []                                  # logits row per sampler
+        rows, row_seqs, verify = [], [], []                      # logits row per sampler
         row = 0
         for req, n, _ in scheduled:
+            if req.spec_token_ids:                               # 1 + k rows, verified below
+                verify.append((req, row))
+                row += n
+                continue
             c = req.num_computed_tokens                          # the cache's count, until
             cache.append_tokens(req.seq_id, req.tokens(c, c + n))  # ... it grows by n here
             sched.release_outside_window(req)
@@ -313,19 +327,47 @@ class Engine:
                 rows.append(row)
                 row_seqs.append(child)
             row += 1
+        for req, first in verify:
+            self._verify(req, logits[first:first + 1 + len(req.spec_token_ids)])
         if not row_seqs:
             return
         tokens = sample_tokens(logits[rows], [s.parent.params for s in row_seqs],
                                [s.rng for s in row_seqs])        # [S'] int64
         for req, tok in zip(row_seqs, tokens.tolist()):
+            self._emit(req, [tok])
+
+    def _verify(self, req: Request, rows: np.ndarray) -> None:
+        """Keep the drafts the target model agrees with, roll the cache back to them.
+
+        ``rows`` float32 [1 + k, V]. Only verified tokens reach the cache: the
+        input token and the accepted drafts are appended (so only they are
+        ever hashed or inserted into the prefix index), then the slots of the
+        rejected drafts are dropped and pages wholly past them freed.
+        """
+        drafts = req.spec_token_ids
+        out = rejection_sample(rows, drafts, None, req.parent.params, req.rng)
+        accepted = len(out) - 1
+        c = req.num_computed_tokens
+        self.cache.append_tokens(req.seq_id, req.tokens(c, c + 1) + drafts[:accepted])
+        self.cache.discard_pending(req.seq_id)
+        self.scheduler.release_outside_window(req)
+        self.scheduler.record_drafts(req, len(drafts), accepted)
+        self._stats.count_drafts(len(drafts), accepted)
+        self._emit(req, out)
+
+    def _emit(self, req: Request, tokens: list) -> None:
+        """Append a step's tokens to the sample, up to a stop token or ``max_tokens``."""
+        params = req.parent.params
+        for tok in tokens:
             req.sample.token_ids.append(tok)                     # the one list of its tokens
-            params = req.parent.params
+            self._stats.generated_tokens += 1
             if tok in params.stop_token_ids:
                 req.sample.stop_reason = tok
                 self._finish_seq(req, "stop")
-            elif len(req.sample.token_ids) >= params.max_tokens:
+                return
+            if len(req.sample.token_ids) >= params.max_tokens:
                 self._finish_seq(req, "length")
-        self._stats.generated_tokens += len(row_seqs)
+                return
 
     def _fork(self, req: Request) -> list[Request]:
         """After the prompt of an ``n > 1`` request: n - 1 siblings share its pages."""
@@ -388,3 +430,9 @@ class Engine:
         """What a server exports after each step (vLLM's ``SchedulerStats``): see
         :meth:`EngineStats.snapshot <paged_np.engine.stats.EngineStats.snapshot>`."""
         return self._stats.snapshot(self.scheduler, self.cache)
+
+
+def _ranges(counts: np.ndarray) -> np.ndarray:
+    """``[0..counts[0]), [0..counts[1]), ...`` concatenated: int64 [sum(counts)]."""
+    ends = np.cumsum(counts)                                     # [B']
+    return np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - counts, counts)

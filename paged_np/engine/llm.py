@@ -329,8 +329,10 @@ class LLM:
                     ts.full[j] = ts.full[j][:pos]
                     if sample.finished:            # ended by the engine this very step:
                         sample.finish_reason, sample.stop_reason = "stop", stop  # text wins
-                    else:
-                        self.engine.finish_sample(rid, j, "stop", stop_reason=stop)
+                        del sample.token_ids[ts.seen[j]:]    # (speculation: tokens past it)
+                    else:                          # keep no token past the stop's
+                        self.engine.finish_sample(rid, j, "stop", stop_reason=stop,
+                                                  num_tokens=ts.seen[j])
                     break
             if sample.finished and not ts.ended[j]:
                 ts.ended[j] = moved = True

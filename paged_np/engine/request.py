@@ -70,6 +70,12 @@ class Request:
     queued_at: int = 0            # the scheduler's admission count when it last joined the queue
     #: Whatever the prefix index keeps between lookups of this request (its hash chain).
     prefix_memo: dict = field(default_factory=dict, repr=False)
+    #: Speculative decoding: the drafts scheduled this step after the next input token
+    #: (vLLM's name; written by the scheduler, [] when not drafting). They are not
+    #: generated tokens: only those the engine verifies join ``sample.token_ids``.
+    spec_token_ids: list = field(default_factory=list)
+    #: The scheduler's DraftBackoff for this request (None without speculation).
+    spec_backoff: object = field(default=None, repr=False)
 
     @property
     def num_tokens(self) -> int:

@@ -143,20 +143,35 @@ def sample_tokens(logits: np.ndarray, params: list, rngs: list) -> np.ndarray:
 
 def sample_one(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int:
     """Temperature, top-k, top-p, then one draw: [V] -> a token id."""
+    return draw(probs(logits, p), rng)
+
+
+def probs(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+    """The distribution a sampled token is drawn from: [V] logits -> float64 [V] probs.
+
+    Temperature, then top-k, then top-p, in that order. Speculative decoding's
+    acceptance test (:mod:`paged_np.engine.rejection`) uses this same function
+    for its target distribution, so the two paths cannot drift apart.
+    """
     x = logits.astype(np.float64) / p.temperature                # [V]
     if 0 < p.top_k < x.shape[0]:
         kth = np.partition(x, -p.top_k)[-p.top_k]                # the k-th largest value
         x = np.where(x >= kth, x, -np.inf)                       # [V]
-    probs = np.exp(x - x.max())                                  # [V] unnormalised
-    probs /= probs.sum()
+    out = np.exp(x - x.max())                                    # [V] unnormalised
+    out /= out.sum()
     if p.top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")                # [V] most likely first
-        cum = np.cumsum(probs[order])                            # [V]
+        order = np.argsort(-out, kind="stable")                  # [V] most likely first
+        cum = np.cumsum(out[order])                              # [V]
         keep = int(np.searchsorted(cum, p.top_p)) + 1            # smallest set reaching top_p
-        mask = np.zeros_like(probs)
+        mask = np.zeros_like(out)
         mask[order[:keep]] = 1.0
-        probs = probs * mask
-        probs /= probs.sum()
+        out = out * mask
+        out /= out.sum()
+    return out
+
+
+def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """One token from ``probs`` ([V], need not be normalised), with one uniform draw."""
     u = rng.random()                                             # the one draw of this token
     cdf = np.cumsum(probs)                                       # [V]
     return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1))

@@ -39,8 +39,16 @@ Preemption comes in two flavours (``preemption_mode``):
   the cache by prefix hash are not even copied). If the swap arena is full,
   or the model uses a sliding window, the victim is recomputed instead.
 
+**Speculative decoding** (``speculative_config``): a running request about
+to decode one token first gets n-gram drafts (:mod:`.spec_decode`) and is
+scheduled as ``1 + len(drafts)`` tokens, with slots for all of them, in the
+same budget; the drafts are cut or dropped where the budget, ``max_tokens`` or
+the pages leave no room, and drafting pauses for a request whose drafts keep
+failing. The engine verifies them (:mod:`.rejection`) and rolls the cache back
+to what it kept (``cache.discard_pending``).
+
 Simplifications compared with vLLM: no priorities, no encoder or LoRA
-budgets, no speculative tokens; a sequence is one sample (``n > 1`` requests
+budgets; a sequence is one sample (``n > 1`` requests
 fork after their prompt, see :mod:`paged_np.engine.engine`). The records it
 runs are :class:`~paged_np.engine.request.Request` objects; host swap space
 is :class:`~paged_np.engine.swap.SwapArena`.
@@ -53,6 +61,7 @@ from dataclasses import dataclass, field
 
 from .request import FINISHED, RUNNING, SWAPPED, WAITING, Request
 from .schedule_policy import MAX_SKIPS, admission_order
+from .spec_decode import DraftBackoff, NgramProposer
 from .swap import SwapArena
 
 __all__ = ["FINISHED", "RUNNING", "SWAPPED", "WAITING", "Request", "Scheduler",
@@ -99,6 +108,40 @@ class Scheduler:
         self.num_swapped_out = 0
         self.num_swapped_in = 0
         self.num_admissions = 0
+        spec = config.speculative_config
+        self.proposer = NgramProposer(spec) if spec is not None else None
+
+    # ------------------------------------------------------------ speculation
+    def _draft(self, req: Request, budget: int) -> int:
+        """Propose drafts for decoding ``req``; returns ``1 + len(drafts)``, or 0 for none.
+
+        Drafts never cost anyone else anything: they are cut to the token
+        budget and to ``max_tokens`` (a step emits at most ``1 + len(drafts)``
+        tokens, so at most ``max_tokens - generated - 1`` drafts), and dropped
+        unless their pages are there now (they never cause a preemption).
+        A request still to fork (``n > 1``) does not draft: its prompt's last
+        token comes first. One whose drafts keep failing pauses (:class:`DraftBackoff`).
+        """
+        req.spec_token_ids = []
+        if req.spec_backoff is None:
+            req.spec_backoff = DraftBackoff()
+        params = req.parent.params
+        room = min(self.proposer.k, budget - 1,
+                   params.max_tokens - len(req.sample.token_ids) - 1)
+        if room < 1 or req.pending_fork or not req.spec_backoff.should_draft():
+            return 0
+        drafts = self.proposer.propose(req.token_ids, room)
+        n = 1 + len(drafts)
+        if not drafts or n > self._max_new_tokens(req) or not self.cache.can_allocate(
+                req.seq_id, n):
+            return 0
+        req.spec_token_ids = drafts
+        return n
+
+    def record_drafts(self, req: Request, num_drafted: int, num_accepted: int) -> None:
+        """The engine's verdict on ``req``'s drafts this step (for its backoff)."""
+        req.spec_backoff.record(num_drafted, num_accepted)
+        req.spec_token_ids = []
 
     # ------------------------------------------------------------------ step
     def schedule(self) -> SchedulerOutput:
@@ -114,7 +157,8 @@ class Scheduler:
             if left == 0:                                     # a failed step: see _recompute_last
                 self._recompute_last(self.running.pop(i))
                 continue
-            n = self._make_room(req, min(left, budget))
+            n = self._draft(req, budget) if left == 1 and self.proposer else 0
+            n = n or self._make_room(req, min(left, budget))
             if n > 0:
                 out.scheduled.append((req, n, self.cache.allocate_slots(req.seq_id, n)))
                 budget -= n
@@ -259,6 +303,7 @@ class Scheduler:
     # ------------------------------------------------------------ preemption
     def _preempt(self, req: Request) -> None:
         """Take ``req`` out of the cache and put it at the front of the queue."""
+        req.spec_token_ids = []                          # its drafts go with its slots
         self.num_preemptions += 1
         req.num_preemptions += 1
         n_computed = req.num_computed_tokens
@@ -297,6 +342,7 @@ class Scheduler:
             self._free(req)
         if req.swap_pages is not None:
             self.swap.release(req)
+        req.spec_token_ids = []
         req.status = FINISHED
 
     def _free(self, req: Request) -> None:

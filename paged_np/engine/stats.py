@@ -39,7 +39,34 @@ class EngineStats:
         self.prefix_hit_tokens = 0          # ... of which the prefix cache served
         self.readmitted_tokens = 0          # tokens known again after a preemption
         self.readmitted_hit_tokens = 0      # ... of which the prefix cache served
+        self.spec_num_draft_tokens = 0      # speculation: drafts verified
+        self.spec_num_accepted_tokens = 0   # ... of which kept
+        self.spec_num_drafts = 0            # (request, step) pairs that drafted
         self.series = {k: [] for k in SERIES}
+
+    def count_drafts(self, num_drafted: int, num_accepted: int) -> None:
+        """One request's drafting step: ``num_drafted`` drafts, ``num_accepted`` kept."""
+        self.spec_num_draft_tokens += num_drafted
+        self.spec_num_accepted_tokens += num_accepted
+        self.spec_num_drafts += 1
+
+    def spec_counts(self) -> dict:
+        """Speculative decoding's counters (vLLM's ``spec_decode_*``); zeros without it.
+
+        ``spec_acceptance_rate``: accepted drafts over drafts.
+        ``spec_mean_accepted_length``: tokens a drafting step emits on average,
+        accepted drafts plus the one token every step yields (1.0: no gain).
+        """
+        return {
+            "spec_num_draft_tokens": self.spec_num_draft_tokens,
+            "spec_num_accepted_tokens": self.spec_num_accepted_tokens,
+            "spec_num_drafts": self.spec_num_drafts,
+            "spec_acceptance_rate": _ratio(self.spec_num_accepted_tokens,
+                                           self.spec_num_draft_tokens),
+            "spec_mean_accepted_length": (1.0 + _ratio(self.spec_num_accepted_tokens,
+                                                       self.spec_num_drafts)
+                                          if self.spec_num_drafts else 0.0),
+        }
 
     def count_prompt(self, num_tokens: int, num_hit: int) -> None:
         self.prompt_tokens += num_tokens
@@ -82,6 +109,7 @@ class EngineStats:
             "evictions": cs["evictions"],
             "cow_copies": cs["cow_copies"],
             **self.prefix_counts(),
+            **self.spec_counts(),
             "peak_pages_in_use": self.peak_pages_in_use,
             "num_pages": cs["num_pages"],
             "tokens_per_s": self.generated_tokens / total if total else 0.0,
@@ -131,6 +159,7 @@ class EngineStats:
             "evictions": pages["evictions"],
             "steps": self.steps,
             "generated_tokens": self.generated_tokens,
+            **self.spec_counts(),
         }
 
 

@@ -243,6 +243,10 @@ class EngineLoop:
             c["prefix_cache_hits_total"] = st["prefix_hit_tokens"]
             c["num_preemptions_total"] = st["preemptions"]
             c["kv_cache_evictions_total"] = st["evictions"]
+            g["spec_decode_draft_acceptance_rate"] = st["spec_acceptance_rate"]
+            c["spec_decode_num_drafts_total"] = st["spec_num_drafts"]
+            c["spec_decode_num_draft_tokens_total"] = st["spec_num_draft_tokens"]
+            c["spec_decode_num_accepted_tokens_total"] = st["spec_num_accepted_tokens"]
 
 
 def _snapshot(out) -> Update:

@@ -56,11 +56,15 @@ class ServerMetrics:
         self.lock = threading.Lock()
         self.gauges = dict(num_requests_running=0, num_requests_waiting=0, kv_pages_in_use=0,
                            kv_pages_total=0, kv_cache_usage_perc=0.0, prefix_cache_hit_rate=0.0,
-                           prefix_cache_readmission_hit_rate=0.0)
+                           prefix_cache_readmission_hit_rate=0.0,
+                           spec_decode_draft_acceptance_rate=0.0)
         self.counters = dict(prompt_tokens_total=0, generation_tokens_total=0,
                              num_preemptions_total=0, kv_cache_evictions_total=0,
                              prefix_cache_queries_total=0, prefix_cache_hits_total=0,
-                             prefix_cache_cached_tokens_total=0, engine_steps_total=0)
+                             prefix_cache_cached_tokens_total=0, engine_steps_total=0,
+                             spec_decode_num_drafts_total=0,
+                             spec_decode_num_draft_tokens_total=0,
+                             spec_decode_num_accepted_tokens_total=0)
         self.finished: dict[str, int] = {}        # finish reason -> requests
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
@@ -88,6 +92,11 @@ class ServerMetrics:
         "prefix_cache_cached_tokens_total": ("counter", "Prompt tokens served from the cache, "
                                              "summed over finished requests."),
         "engine_steps_total": ("counter", "Engine steps run."),
+        "spec_decode_draft_acceptance_rate": (
+            "gauge", "Speculative decoding: accepted draft tokens / draft tokens verified."),
+        "spec_decode_num_drafts_total": ("counter", "Request steps that verified drafts."),
+        "spec_decode_num_draft_tokens_total": ("counter", "Draft tokens verified."),
+        "spec_decode_num_accepted_tokens_total": ("counter", "Draft tokens accepted."),
     }
 
     def render(self) -> str:

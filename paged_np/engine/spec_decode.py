@@ -1,0 +1,148 @@
+"""Speculative decoding's drafts: the n-gram proposer and when to stop drafting.
+
+Prompt-lookup decoding (vLLM's ``speculative_config={"method": "ngram"}``)
+needs no second model. A request whose context ends in tokens it has seen
+before probably continues the way it did then: a summary copies a phrase of
+its document, an edit keeps most of the code it edits. So the proposer looks
+for the latest earlier occurrence of the context's last ``n`` tokens and
+proposes the tokens that followed it::
+
+    context  ... the cat sat on the mat . the cat  ?
+    n = 2          ^^^^^^^ earlier occurrence        -> drafts: sat on the mat
+
+The engine then checks all the drafts in one forward pass (1 + k query rows
+for this request, :mod:`paged_np.engine.rejection` decides which to keep),
+so a step can yield up to k + 1 tokens for the price of reading the weights
+once. Where the drafts keep failing (open-ended chat, where little is
+copied) every verify step is a wasted (1 + k)-row forward, so each request
+tracks its recent acceptance and pauses drafting when it is low
+(:class:`DraftBackoff`).
+
+Compared with vLLM: the same keys and the same "latest occurrence, longest n
+first" rule, found with NumPy instead of a KMP scan in Numba; drafts are
+proposed by the scheduler when it schedules a request (vLLM proposes right
+after sampling, for the next step); no draft models, EAGLE or Medusa, but the
+acceptance function takes a general draft distribution so a draft model can
+plug in.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from ..config import SpeculativeConfig
+from ..errors import DTypeError
+
+__all__ = ["BACKOFF_STEPS", "MAX_BACKOFF_STEPS", "MIN_ACCEPTANCE_RATE", "WINDOW",
+           "DraftBackoff", "NgramProposer", "propose_reference"]
+
+
+class NgramProposer:
+    """Drafts from the context itself: ``NgramProposer(spec).propose(token_ids)``.
+
+    Pure: the same tokens give the same drafts; nothing is kept between calls.
+    """
+
+    def __init__(self, spec: SpeculativeConfig):
+        if not isinstance(spec, SpeculativeConfig):
+            raise DTypeError(f"spec must be a SpeculativeConfig, got {type(spec).__name__}")
+        self.k = spec.num_speculative_tokens
+        self.n_max = spec.prompt_lookup_max
+        self.n_min = spec.prompt_lookup_min
+
+    def propose(self, token_ids, k: int | None = None) -> list[int]:
+        """At most ``k`` (default: ``num_speculative_tokens``) drafts; [] when no n-gram recurs.
+
+        ``token_ids`` is the whole context, prompt then output. For ``n`` from
+        ``prompt_lookup_max`` down to ``prompt_lookup_min``: find the latest
+        start ``i < len - n`` with ``tokens[i:i+n] == tokens[-n:]``; the drafts
+        are ``tokens[i+n : i+n+k]`` (at least one: ``i + n < len``).
+        """
+        k = self.k if k is None else k
+        tokens = np.asarray(token_ids, dtype=np.int64)             # [L]
+        L = tokens.shape[0]
+        if k < 1:
+            return []
+        for n in range(min(self.n_max, L - 1), self.n_min - 1, -1):
+            # Every window of n tokens that starts before the suffix itself: [L - n, n].
+            windows = np.lib.stride_tricks.sliding_window_view(tokens[:L - 1], n)
+            hits = np.flatnonzero((windows == tokens[L - n:]).all(axis=1))  # starts, ascending
+            if hits.size:
+                i = int(hits[-1])                                    # the latest occurrence
+                return tokens[i + n:i + n + k].tolist()
+        return []
+
+
+def propose_reference(token_ids: list, k: int, n_max: int, n_min: int) -> list[int]:
+    """The same rule as :meth:`NgramProposer.propose`, as plain loops (for tests)."""
+    L = len(token_ids)
+    for n in range(n_max, n_min - 1, -1):
+        if n >= L:
+            continue
+        suffix = token_ids[L - n:]
+        for i in range(L - n - 1, -1, -1):                           # latest first
+            if token_ids[i:i + n] == suffix:
+                return list(token_ids[i + n:i + n + k])
+    return []
+
+
+#: A drafting step costs a forward over 1 + k rows; at batch 1 on a CPU that is
+#: about 1.2-1.5x a one-row decode (the weights are read once either way, the
+#: extra rows add arithmetic), and it yields 1 + (accepted drafts) tokens. With
+#: k = 4 and a per-draft acceptance below about 0.3 the expected gain (about
+#: 1.4 tokens a step) no longer pays for the wider forward, so drafting pauses.
+MIN_ACCEPTANCE_RATE = 0.3
+#: Drafting steps the acceptance rate is measured over: enough drafts (4k) that
+#: one lucky or unlucky step does not decide, few enough to react within a sentence.
+WINDOW = 4
+#: Steps a request decodes without drafts after a low-acceptance window. Each
+#: further low window doubles the pause (up to MAX_BACKOFF_STEPS), so a request
+#: that never copies wastes ever fewer steps on drafts (4 of 12, then 4 of 20,
+#: ... under 4% once the cap is reached), while one that drifts back into
+#: copying (a quoted passage) is retried within a few dozen tokens.
+BACKOFF_STEPS = 8
+MAX_BACKOFF_STEPS = 128
+
+
+class DraftBackoff:
+    """One request's recent acceptance, and whether it drafts this step.
+
+    The scheduler asks :meth:`should_draft` once per decode step it schedules
+    and tells :meth:`record` what each drafting step drafted and kept.
+    """
+
+    def __init__(self):
+        self.recent: deque = deque(maxlen=WINDOW)    # (drafted, accepted) per drafting step
+        self.pause = 0                               # decode steps left without drafts
+        self.next_pause = BACKOFF_STEPS
+        self.num_pauses = 0
+
+    def should_draft(self) -> bool:
+        """False while paused (and counts the paused step down)."""
+        if self.pause > 0:
+            self.pause -= 1
+            return False
+        return True
+
+    def record(self, num_drafted: int, num_accepted: int) -> None:
+        """One drafting step's outcome; a full window below the rate starts a pause."""
+        self.recent.append((num_drafted, num_accepted))
+        if len(self.recent) < WINDOW:
+            return
+        drafted = sum(d for d, _ in self.recent)
+        accepted = sum(a for _, a in self.recent)
+        if accepted < MIN_ACCEPTANCE_RATE * drafted:
+            self.pause = self.next_pause
+            self.next_pause = min(2 * self.next_pause, MAX_BACKOFF_STEPS)
+            self.num_pauses += 1
+            self.recent.clear()                      # judge afresh after the pause
+        else:
+            self.next_pause = BACKOFF_STEPS          # copying again: forgive the past
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted over drafted in the current window (0.0 when nothing is drafted)."""
+        drafted = sum(d for d, _ in self.recent)
+        return sum(a for _, a in self.recent) / drafted if drafted else 0.0
