@@ -295,6 +295,7 @@ OPTION_VALUES = {
     "max_num_batched_tokens": 96, "preemption_mode": "swap", "swap_pages": 7,
     "schedule": "lpm", "prefix_cache": "radix", "eviction_policy": "fifo",
     "backend": "numba", "record_events": True,
+    "speculative_config": pnp.SpeculativeConfig(num_speculative_tokens=3),
 }
 
 

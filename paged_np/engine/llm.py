@@ -336,7 +336,8 @@ class LLM:
                     break
             if sample.finished and not ts.ended[j]:
                 ts.ended[j] = moved = True
-            visible = ts.full[j] if sample.finished else ts.full[j][:len(ts.full[j]) - ts.hold]
+            held = max(0, len(ts.full[j]) - ts.hold)       # (a text shorter than the hold
+            visible = ts.full[j] if sample.finished else ts.full[j][:held]  # shows nothing)
             if len(visible) > len(sample.text):
                 sample.text = visible
         return moved
