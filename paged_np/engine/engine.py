@@ -24,7 +24,9 @@ step, so the batch never waits for its longest member. A step is
    hashes full pages for prefix reuse), release pages a sliding window has
    left behind, sample the next token of every sequence that reached the end
    of what it knows, fork ``n > 1`` requests after their prompt, finish
-   sequences that hit a stop token or ``max_tokens``.
+   sequences that hit a stop token or ``max_tokens``. A request scheduled with
+   drafts (``speculative_config``) is verified instead (:meth:`Engine._verify`):
+   only its accepted tokens are appended, the rest rolled back.
 
 Who owns what (:mod:`paged_np.engine.request`): the engine keeps one
 :class:`ParentRequest` per user request and is the only writer of its
