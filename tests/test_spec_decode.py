@@ -51,7 +51,7 @@ def repetitive_prompts(n, seed=0, vocab=128):
     from the prompt are accepted (the tests check that they were)."""
     rng = np.random.default_rng(seed)
     out = []
-    for i in range(n):
+    for _ in range(n):
         phrase = rng.integers(0, vocab, int(rng.integers(4, 12))).tolist()
         tail = rng.integers(0, vocab, int(rng.integers(0, 6))).tolist()
         out.append(phrase * int(rng.integers(2, 4)) + tail)

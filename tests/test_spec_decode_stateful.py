@@ -115,9 +115,12 @@ class SpecMachine(RuleBasedStateMachine):
             seq = cache.sequence(sid)
             assert seq.token_ids == toks and seq.num_pending == 0
             assert len(seq.block_table) == -(-len(toks) // PAGE_SIZE)   # none past them
-            if cache.num_released_pages(sid) == 0:      # (released pages may be evicted)
-                full = len(toks) // PAGE_SIZE * PAGE_SIZE   # every verified full page is found
-                assert cache.num_cached_prefix_tokens(toks + [0]) == full
+            # Every verified full page is found (until an eviction: a page whose twin was
+            # indexed first stays out of the index, and the twin may then be evicted).
+            full = len(toks) // PAGE_SIZE * PAGE_SIZE
+            found = cache.num_cached_prefix_tokens(toks + [0])
+            assert found == full if cache.stats()["evictions"] == 0 else found <= full
+            if cache.num_released_pages(sid) == 0:
                 k, _ = read_kv(cache, sid, 0)
                 want, _ = token_kv(cache, toks, np.arange(len(toks)), 0)
                 np.testing.assert_array_equal(k, want)

@@ -56,8 +56,8 @@ from ..errors import DTypeError, InvalidArgument, UnknownRequest
 from ..models.llama import ForwardBatch, LlamaModel
 from ..registry import backend_names
 from .outputs import RequestOutput, SampleOutput
-from .request import ParentRequest, Request
 from .rejection import rejection_sample
+from .request import ParentRequest, Request
 from .sampling import SamplingParams, make_rng, sample_tokens
 from .scheduler import Scheduler
 from .stats import EngineStats
