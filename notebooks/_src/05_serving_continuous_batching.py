@@ -315,9 +315,139 @@ print(f"paged: {wasted_slots:.0f} slots wasted for {paged['batch_size']:.0f} run
 # request's KV anyway, so a bigger batch turns the same memory traffic into more tokens
 # per second. That is where vLLM's throughput gains come from.
 #
+# ## Speculative decoding: pages for drafts, and rollback
+#
+# A server with one user has no batch to fill, and a decode step at batch 1 is
+# **memory-bound**: to produce one token it multiplies one row by every weight matrix, so
+# it reads all the weights (513 MiB for SmolLM2-135M in float32) for 2 floating-point
+# operations per weight. A CPU or a GPU can do tens of times more arithmetic per byte than
+# that. Give the same step **1 + k rows** and the weights are still read once: the step
+# costs about one step (as long as the matrix product streams each weight once for all
+# rows), and if the k extra rows were the right next tokens, it yields up to k + 1 tokens.
+#
+# Where do good guesses come from, without a second model? **Prompt lookup** (vLLM's
+# `speculative_config={"method": "ngram"}`): find the latest earlier place where the
+# context's last n tokens occur (n from `prompt_lookup_max` down to `prompt_lookup_min`),
+# and propose the k tokens that followed it there. A request that copies (repeat this
+# paragraph, fix its typos, rename a variable in this function) is full of such places.
+#
+# The engine runs the input token and the k drafts as one sequence's 1 + k query rows:
+# `allocate_slots(seq, 1 + k)` takes slots for all of them, possibly a fresh page, and
+# the forward writes their K/V. Greedy acceptance keeps the longest prefix of drafts equal
+# to the model's own argmax, then one more token from the model (`paged_np.engine.rejection`;
+# sampling has an exact rule too). The K/V of the input token and the accepted drafts are
+# right; the rejected drafts' are not, and must leave **no trace**:
+#
+# - **in the block table**: the sequence goes back to its verified length
+#   (`cache.discard_pending`). Pages wholly past it return to the pool; a partly
+#   written page stays, and its stale slots are simply written again next step. A page
+#   kept for a rejected draft would be read by the kernel (`seq_len`) or leak.
+# - **in the prefix index**: only verified tokens are appended, so only pages full of
+#   verified tokens are hashed (or inserted in the radix tree). A page hashed with a draft in
+#   it stays with the sequence, whose next step overwrites the draft's slot with the real
+#   token: the index would then serve, to a later prompt, K/V that does not match its hash.
+#
+# Below: pages of 4, a sequence with 6 tokens written (L0 full, L1 half). The step runs its
+# input token and k = 4 drafts, positions 6 to 10: L1 fills and L2 is allocated. The model
+# accepts 1 draft, so 8 tokens are written and L2, holding only rejected positions, goes back.
+
+# %%
+PS, K, ACCEPT = 4, 4, 1
+sc = pnp.PagedKVCache(pnp.CacheConfig(num_pages=6, page_size=PS, head_dim=8))
+written = [11, 12, 13, 14, 15, 16]                     # positions 0..5
+sc.add_sequence("s", written); sc.allocate_slots("s", 6); sc.append_tokens("s", written)
+fig, axes = plt.subplots(3, 1, figsize=(6, 8))
+viz.draw_block_tables(sc, ax=axes[0], title="before the step: 6 tokens written")
+step_tokens = [17, 21, 22, 23, 24]                     # input token, then K drafts
+sc.allocate_slots("s", 1 + K)                          # slots for positions 6..10
+viz.draw_block_tables(sc, ax=axes[1], title=f"allocate_slots(1 + {K}): L2 is new")
+l2 = sc.block_table("s")[2]
+sc.append_tokens("s", step_tokens[:1 + ACCEPT])        # only verified tokens are written
+n_freed = sc.discard_pending("s")                      # rejected drafts' slots dropped
+viz.draw_block_tables(sc, ax=axes[2], title=f"{ACCEPT} draft accepted, discard_pending")
+fig.tight_layout()
+assert (n_freed, sc.num_computed_tokens("s"), sc.pool.state(l2)) == (1, 8, "free")
+sc.check_invariants()
+
+# %% [markdown]
+# L1 is now full of verified tokens (15 and 16, then the input token 17 and the accepted
+# draft 21), so it was hashed into the prefix index; L2 never was, and is free again. A prompt
+# that starts with the 8 verified tokens finds both pages; one that continues with the
+# rejected drafts finds nothing more.
+
+# %%
+probe = written + step_tokens[:1 + ACCEPT] + step_tokens[1 + ACCEPT:] + [0]  # 12 + 1 tokens
+print("cached prefix of the probe:", sc.num_cached_prefix_tokens(probe), "tokens")
+assert sc.num_cached_prefix_tokens(probe) == 8
+
+# %% [markdown]
+# Now on the tiny model. Its weights are random, but greedy decoding of a random model
+# soon falls into loops, which n-gram drafts predict; the prompt repeats a phrase, so the
+# lookup has something to find from the start. Greedy tokens must be exactly those of
+# plain decoding and of `dense_generate`, in fewer steps.
+
+# %%
+spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
+        "prompt_lookup_min": 1}
+loop_prompt = np.random.default_rng(0).integers(0, 256, 12).tolist() * 3
+greedy = pnp.SamplingParams(max_tokens=40, temperature=0.0)
+spec_runs = {}
+for name, config in (("plain", None), ("ngram", spec)):
+    e = pnp.Engine(model, num_pages=32, page_size=8, backend=BACKEND, speculative_config=config)
+    spec_runs[name] = (e.generate([loop_prompt], greedy)[0].token_ids, e.metrics)
+sm = spec_runs["ngram"][1]
+print({k: round(sm[k], 2) for k in ("spec_num_draft_tokens", "spec_num_accepted_tokens",
+                                    "spec_acceptance_rate", "spec_mean_accepted_length")})
+print("steps: plain", spec_runs["plain"][1]["steps"], " with drafts", sm["steps"])
+assert spec_runs["ngram"][0] == spec_runs["plain"][0] == model.dense_generate(loop_prompt, 40)
+assert sm["spec_num_accepted_tokens"] > 0 and sm["steps"] < spec_runs["plain"][1]["steps"]
+
+# %% [markdown]
+# `spec_acceptance_rate` is accepted drafts over drafts; `spec_mean_accepted_length` is
+# the tokens a drafting step emits (1 + accepted drafts; 1.0 means no gain). Whether that
+# buys time depends on what a 1 + k row step costs. On SmolLM2-135M with 2 CPU threads
+# (`python benchmarks/spec_decode.py`, `benchmarks/spec_decode.md`) NumPy's BLAS runs a
+# product with 2 to 9 rows at about three times the time of the one-row product, not
+# "about one step"; so copying chats gain much less than their acceptance promises, and
+# the engine stops drafting for a request whose drafts keep failing.
+#
+# ## Exercise 5b: what does rollback give back?
+#
+# Pages of **4** tokens. A sequence has **14** tokens written (L0 to L3; L3 holds two).
+# This step runs its input token and **k = 7** drafts: `allocate_slots` gives 8 slots,
+# positions 14 to 21. The model accepts the first **2** drafts. How many tokens are
+# written after the step (`written_after`), and which logical pages does
+# `discard_pending` give back (`freed`, a list of logical page numbers, `[]` if none)?
+
+# %% exercise 5b
+written_after = None    # tokens written after the step
+freed = None            # logical pages given back, e.g. [4, 5]
+
+# %% check 5b
+rb = pnp.PagedKVCache(pnp.CacheConfig(num_pages=8, page_size=4, head_dim=8))
+rb_ids = list(range(100, 122))                          # 14 written, 1 input, 7 drafts
+rb.add_sequence("s", rb_ids[:14]); rb.allocate_slots("s", 14); rb.append_tokens("s", rb_ids[:14])
+rb.allocate_slots("s", 1 + 7)
+grown = len(rb.block_table("s"))                        # pages while the drafts are in
+rb.append_tokens("s", rb_ids[14:14 + 1 + 2])            # the input token, 2 accepted drafts
+rb.discard_pending("s")
+kept = len(rb.block_table("s"))
+check("5b", dict(written_after=written_after, freed=freed),
+      dict(written_after=rb.num_computed_tokens("s"), freed=list(range(kept, grown))),
+      hints=dict(written_after="the step writes its input token and the accepted drafts; "
+                               "the token the model adds after them is sampled, not yet "
+                               "written.",
+                 freed="a page stays if it holds any written position (position p is in "
+                       "logical page p // 4); the allocation reached position 21."),
+      done=f"{rb.num_computed_tokens('s')} tokens in {kept} pages; "
+           f"{', '.join(f'L{i}' for i in range(kept, grown))} held only rejected drafts.")
+
+# %% [markdown]
 # **Try it:** make the roomy cache smaller (48, 32 pages) and watch the preemptions
 # appear; raise `max_num_batched_tokens` in the first example and see the chunks vanish;
-# set `N_SIM = 1000` for the full simulation.
+# set `N_SIM = 1000` for the full simulation; give the speculative run 8 drafts
+# (`"num_speculative_tokens": 8`), or a prompt that does not repeat itself, and watch
+# the acceptance.
 #
 # **Next:** notebook 6 makes the attention kernel fast with Numba and asks how fast it can
 # be.

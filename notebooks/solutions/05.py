@@ -10,3 +10,11 @@ exercise first.
 # running request, which is not A.
 victim = "C"
 at_step = 4
+
+# %% exercise 5b
+# The step writes its input token (position 14) and the 2 accepted drafts (15, 16): 17
+# tokens; the model's own next token is sampled, not written. Position 16 is in L4, so
+# ceil(17 / 4) = 5 pages stay (L0..L4). The drafts had reached position 21, page L5
+# (positions 20 and 21): it held only rejected drafts and goes back.
+written_after = 17
+freed = [5]
