@@ -1,0 +1,483 @@
+"""Speculative decoding with n-gram drafts: batch-1 tokens/s with and without, same run.
+
+    python benchmarks/spec_decode.py            # the table (about 4 minutes on 2 cores)
+    python benchmarks/spec_decode.py --quick    # one prompt a category, one round (~1 minute)
+    python benchmarks/spec_decode.py --sweep    # k and lookup settings instead (~10 minutes)
+
+SmolLM2-135M-Instruct answers chats one at a time (batch 1, greedy), once with
+``speculative_config={"method": "ngram", ...}`` and once without, alternating
+per prompt (the order flips every prompt, so a drift of the shared machine
+falls on both). Five categories:
+
+- input-grounded: *copy* (repeat a paragraph), *correct* (fix its typos),
+  *extract* (list the names and dates of a passage), *edit* (rename a
+  variable in a function): most of the answer is in the prompt, which is
+  what prompt lookup drafts from;
+- *open*: questions with no text to copy.
+
+A warm-up runs every prompt on both engines first (JIT, and the prompt's
+pages into each engine's prefix cache, so the timed runs are decode: the
+prompt's last partial page is all the prefill left). Each prompt is timed
+``--rounds`` times per mode; a category's tokens/s is its generated tokens
+over the sum of each prompt's best time (median speedup in brackets). The
+greedy token ids with and without drafts must be identical (asserted: a
+difference is a bug). Acceptance comes from ``llm.engine.metrics``:
+``spec_acceptance_rate`` (accepted drafts / drafts) and
+``spec_mean_accepted_length`` (tokens a drafting step emits, 1 + accepted).
+
+It also times the model's forward at batch 1 with 1 and with 1 + k query rows
+over the paged cache (context 300), the cost a drafting step pays. Writes
+``benchmarks/spec_decode.md`` (``--out``); ``--sweep`` writes
+``benchmarks/spec_decode_sweep.md`` instead: each (k, prompt_lookup_max,
+prompt_lookup_min) of ``SWEEP`` on two prompts a category, one run each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # this checkout's paged_np
+
+import numpy as np  # noqa: E402
+
+import paged_np as pnp  # noqa: E402
+from paged_np.models.blas import pinned_threads  # noqa: E402
+from paged_np.models.llama import ForwardBatch  # noqa: E402
+
+MODEL = "smollm2-135m-instruct"
+
+# ----------------------------------------------------------------- the prompts
+PARAGRAPHS = [
+    "The city council met on Tuesday evening to discuss the new bicycle lanes on Main "
+    "Street. Several shop owners worried that removing parking spaces would hurt their "
+    "business, while cyclists argued that safer lanes would bring more customers to the "
+    "town centre. After two hours of debate, the council agreed to run a six-month trial "
+    "and to count visitors before and after the change.",
+    "Photosynthesis is the process by which green plants turn light into chemical energy. "
+    "Inside the leaves, chlorophyll absorbs sunlight and uses it to split water into "
+    "oxygen and hydrogen. The hydrogen is then combined with carbon dioxide from the air "
+    "to build sugars, which the plant stores or burns for energy. The oxygen is released "
+    "into the atmosphere, where animals breathe it.",
+    "Our team moved the weekly planning meeting from Monday to Wednesday so that the "
+    "support engineers could join after their morning shift. Please bring a short list "
+    "of the tasks you finished last week and the ones you expect to finish this week. "
+    "If you cannot attend, send your list to the project lead before noon.",
+]
+TYPOS = [("discuss", "discus"), ("business", "buisness"), ("customers", "custmers"),
+         ("agreed", "agred"), ("chemical", "chemcal"), ("atmosphere", "atmosfere"),
+         ("absorbs", "absorbes"), ("weekly", "weekely"), ("engineers", "enginers"),
+         ("finished", "finnished"), ("project", "projekt")]
+PASSAGES = [
+    "On 14 March 1879, Albert Einstein was born in Ulm. He later studied in Zurich, where "
+    "he met Mileva Maric, whom he married on 6 January 1903. In 1905, while working at "
+    "the patent office in Bern with his friend Michele Besso, he published four papers. "
+    "Max Planck was among the first to recognise their importance, and in 1921 Einstein "
+    "received the Nobel Prize in Physics.",
+    "Ada Lovelace was born in London on 10 December 1815, the daughter of the poet Lord "
+    "Byron. In 1833 she met Charles Babbage, who showed her his Difference Engine. In "
+    "1843 she translated an article by Luigi Menabrea about the Analytical Engine and "
+    "added long notes of her own. She died on 27 November 1852, and Alan Turing later "
+    "discussed her notes in 1950.",
+    "The expedition left Cape Town on 2 February 1911 under the command of Captain "
+    "Robert Scott. Edward Wilson and Henry Bowers joined the polar party, and on "
+    "17 January 1912 they reached the South Pole, only to find that Roald Amundsen had "
+    "arrived on 14 December 1911. Lawrence Oates walked out into the storm on 17 March "
+    "1912.",
+]
+FUNCTIONS = [
+    ("tmp", "total", "def average_price(items):\n"
+     "    tmp = 0\n"
+     "    count = 0\n"
+     "    for item in items:\n"
+     "        if item.price is None:\n"
+     "            continue\n"
+     "        tmp += item.price\n"
+     "        count += 1\n"
+     "    if count == 0:\n"
+     "        return 0.0\n"
+     "    return tmp / count\n"),
+    ("lst", "names", "def unique_sorted(words):\n"
+     "    lst = []\n"
+     "    for word in words:\n"
+     "        word = word.strip().lower()\n"
+     "        if word and word not in lst:\n"
+     "            lst.append(word)\n"
+     "    lst.sort()\n"
+     "    return lst\n"),
+    ("d", "counts", "def count_letters(text):\n"
+     "    d = {}\n"
+     "    for ch in text:\n"
+     "        if not ch.isalpha():\n"
+     "            continue\n"
+     "        ch = ch.lower()\n"
+     "        d[ch] = d.get(ch, 0) + 1\n"
+     "    return sorted(d.items(), key=lambda kv: -kv[1])\n"),
+]
+OPEN = [
+    "Why is the sky blue? Explain it to a curious ten-year-old.",
+    "Give me three tips for learning to cook at home.",
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+]
+
+
+def _typos(text: str) -> str:
+    for right, wrong in TYPOS:
+        text = text.replace(right, wrong)
+    return text
+
+
+def _user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def prompts() -> dict[str, list[list[dict]]]:
+    """Category -> conversations (three each, in the order they are run)."""
+    return {
+        "copy": [_user("Repeat the following paragraph exactly, word for word:\n\n" + p)
+                 for p in PARAGRAPHS],
+        "correct": [_user("Fix the spelling mistakes in this paragraph and write out the "
+                          "whole corrected paragraph:\n\n" + _typos(p)) for p in PARAGRAPHS],
+        "extract": [_user("List every person and every date mentioned in this passage, "
+                          "one per line:\n\n" + p) for p in PASSAGES],
+        "edit": [_user(f"Rename the variable `{old}` to `{new}` in this Python function and "
+                       f"return the whole function:\n\n```python\n{code}```")
+                 for old, new, code in FUNCTIONS],
+        "open": [_user(q) for q in OPEN],
+    }
+
+
+GROUNDED = ("copy", "correct", "extract", "edit")
+
+
+# ----------------------------------------------------------------- measuring
+def timed_chat(llm, conv, params):
+    """(token ids, seconds, metric deltas) of one chat on ``llm``."""
+    before = llm.engine.metrics
+    t0 = time.perf_counter()
+    out = llm.chat(conv, params)[0].outputs[0]
+    dt = time.perf_counter() - t0
+    after = llm.engine.metrics
+    keys = ("steps", "generated_tokens", "model_s", "spec_num_draft_tokens",
+            "spec_num_accepted_tokens", "spec_num_drafts")
+    assert llm.engine.cache.stats()["num_in_use"] == 0, "pages left in use after a run"
+    return list(out.token_ids), dt, {k: after[k] - before[k] for k in keys}
+
+
+def make_llm(model, tok, spec):
+    return pnp.LLM(model, tokenizer=tok, verbose=False, kv_cache_memory="512MiB",
+                   speculative_config=spec)
+
+
+def compare(model, tok, convs: dict, spec: dict, max_tokens: int, rounds: int,
+            base=None, log=print) -> dict:
+    """Per category: times and counts with and without ``spec``, alternating per prompt.
+
+    ``base`` (an LLM without speculation, already warm) is reused across calls.
+    Returns {category: {"plain": [...], "spec": [...], "tokens": [...], "delta": [...]}}
+    with one best time per prompt, and the per-round speedups.
+    """
+    params = pnp.SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    warm = pnp.SamplingParams(max_tokens=2, temperature=0.0)
+    llms = {"plain": base or make_llm(model, tok, None), "spec": make_llm(model, tok, spec)}
+    for cat in convs:                                   # JIT, and each prompt's pages cached
+        for conv in convs[cat]:
+            for llm in llms.values():
+                llm.chat(conv, warm)
+    res = {}
+    flip = 0
+    for cat, cs in convs.items():
+        r = res[cat] = {"plain": [], "spec": [], "tokens": [], "delta": [], "ratios": [],
+                        "plain_delta": []}
+        for conv in cs:
+            times = {"plain": [], "spec": []}
+            ids = {}
+            for _ in range(rounds):
+                order = ("plain", "spec") if flip % 2 == 0 else ("spec", "plain")
+                flip += 1
+                for mode in order:
+                    tokens, dt, d = timed_chat(llms[mode], conv, params)
+                    if mode in ids and ids[mode] != tokens:
+                        raise AssertionError(f"{cat}: {mode} gave other tokens on a rerun")
+                    ids[mode] = tokens
+                    times[mode].append(dt)
+                    r["delta" if mode == "spec" else "plain_delta"].append(d)
+                if ids["plain"] != ids["spec"]:
+                    n = next((i for i, (a, b) in enumerate(zip(ids["plain"], ids["spec"]))
+                              if a != b), min(len(ids["plain"]), len(ids["spec"])))
+                    raise AssertionError(
+                        f"{cat}: greedy tokens differ with speculation at token {n} "
+                        f"(spec={spec}): a bug in speculative decoding")
+                r["ratios"].append(times["plain"][-1] / times["spec"][-1])
+            r["plain"].append(min(times["plain"]))
+            r["spec"].append(min(times["spec"]))
+            r["tokens"].append(len(ids["plain"]))
+            tp, ts = min(times["plain"]), min(times["spec"])
+            log(f"  {cat:8s} {len(ids['plain']):4d} tokens  plain {tp:6.2f} s  "
+                f"spec {ts:6.2f} s  x{tp / ts:.2f}")
+    return res
+
+
+def summarise(r: dict) -> dict:
+    """A category's (or several categories') row of the table."""
+    tokens = sum(r["tokens"])
+    plain, spec = sum(r["plain"]), sum(r["spec"])
+    d = {k: sum(x[k] for x in r["delta"]) for k in r["delta"][0]}
+    p = {k: sum(x[k] for x in r["plain_delta"]) for k in r["plain_delta"][0]}
+    return dict(
+        prompts=len(r["tokens"]), tokens=tokens,
+        plain_tps=tokens / plain, spec_tps=tokens / spec, speedup=plain / spec,
+        median_speedup=statistics.median(r["ratios"]),
+        acceptance=d["spec_num_accepted_tokens"] / max(d["spec_num_draft_tokens"], 1),
+        mean_len=(1 + d["spec_num_accepted_tokens"] / d["spec_num_drafts"]
+                  if d["spec_num_drafts"] else 0.0),
+        drafting_steps=d["spec_num_drafts"] / max(d["steps"], 1),
+        steps_ratio=p["steps"] / max(d["steps"], 1),
+        plain_ms_step=1e3 * p["model_s"] / max(p["steps"], 1),
+        spec_ms_step=1e3 * d["model_s"] / max(d["steps"], 1),
+    )
+
+
+def merge(res: dict, cats) -> dict:
+    return {k: [x for c in cats for x in res[c][k]] for k in res[cats[0]]}
+
+
+def forward_ms(model, ks=(0, 2, 4, 6, 8), context: int = 300, repeat: int = 20) -> dict:
+    """Best ms of the model's forward at batch 1 with 1 + k query rows (and 1 + k logits
+    rows, as a verify step computes), after ``context`` tokens in the paged cache."""
+    engine = pnp.Engine(model, num_pages=64, page_size=16, max_num_batched_tokens=512)
+    cache = engine.cache
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(3, model.cfg.vocab_size, context).tolist()
+    cache.add_sequence("s", prompt)
+    out = {}
+
+    def run(tokens, start, n_logits):
+        slots = cache.allocate_slots("s", len(tokens))                    # int64 [T]
+        meta = cache.batch(["s"])
+        T = len(tokens)
+        batch = ForwardBatch(np.array(tokens, np.int64), np.arange(start, start + T),
+                             slots, np.array([0, T], np.int32), meta.block_tables,
+                             meta.seq_lens, np.arange(T - n_logits, T, dtype=np.int64))
+        t0 = time.perf_counter()
+        model.forward(batch, cache)
+        return time.perf_counter() - t0
+
+    run(prompt, 0, 1)                                                      # the prefill
+    cache.append_tokens("s", prompt)
+    for k in ks:
+        best = float("inf")
+        for _ in range(repeat):
+            best = min(best, run(prompt[:1 + k], context, 1 + k))
+            cache.discard_pending("s")                                    # roll back
+        out[k] = best * 1e3
+    cache.free("s")
+    return out
+
+
+def products_ms(model, rows: int, repeat: int = 5) -> float:
+    """Best ms of the forward's weight products alone with ``rows`` rows: every layer's
+    ``x @ W`` (fused q/k/v, output, fused gate/up, down) and the tied LM head."""
+    mats = [model.wqkv, model.w["wo"], model.w_gate_up, model.w["w_down"]]  # [L, in, out]
+    xs = [np.ones((rows, m.shape[1]), np.float32) for m in mats]
+    h = np.ones((rows, model.cfg.hidden_size), np.float32)
+    head = model.w["embed"] if model.cfg.tie_word_embeddings else model.w["lm_head"].T
+
+    def run():
+        for m, x in zip(mats, xs):
+            for layer in range(m.shape[0]):
+                x @ m[layer]                                          # [rows, out]
+        head @ h.T                                                    # [V, rows]
+
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+# ----------------------------------------------------------------- the report
+def machine() -> str:
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        lscpu = ""
+    name = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines()
+                 if ln.startswith("Model name")), platform.processor() or platform.machine())
+    isa = "AVX-512" if "avx512f" in lscpu else ("AVX2" if "avx2" in lscpu else "no AVX2")
+    return f"{name}, {os.cpu_count()} cores, {isa}"
+
+
+def load() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def targets(rows: list[tuple[str, dict]]) -> list[str]:
+    """Whether this run meets issue 27's two targets."""
+    by = dict(rows)
+    out = []
+    g = by.get("input-grounded, all")
+    if g:
+        out.append(f"- >= 2.0x batch-1 tokens/s on input-grounded chats: {g['speedup']:.2f}x, "
+                   f"{'met' if g['speedup'] >= 2.0 else 'missed'} "
+                   + "(per category: " + ", ".join(f"{c} {by[c]['speedup']:.2f}x"
+                                                   for c in GROUNDED if c in by) + ").")
+    if "open" in by:
+        o = by["open"]["speedup"]
+        out.append(f"- open-ended chats no more than 10% slower: {o:.2f}x "
+                   f"({(1 / o - 1) * 100:+.0f}% time), {'met' if o >= 1 / 1.1 else 'missed'}.")
+    return out
+
+
+def table(rows: list[tuple[str, dict]]) -> list[str]:
+    lines = ["| chats | prompts | tokens | tokens/s without | tokens/s with | speedup "
+             "(median) | acceptance | mean accepted length | steps saved | model ms/step "
+             "without / with |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, s in rows:
+        lines.append(
+            f"| {name} | {s['prompts']} | {s['tokens']} | {s['plain_tps']:.1f} | "
+            f"{s['spec_tps']:.1f} | {s['speedup']:.2f}x ({s['median_speedup']:.2f}x) | "
+            f"{s['acceptance']:.2f} | {s['mean_len']:.2f} | {s['steps_ratio']:.2f}x | "
+            f"{s['plain_ms_step']:.1f} / {s['spec_ms_step']:.1f} |")
+    return lines
+
+
+def rows_of(res: dict) -> list[tuple[str, dict]]:
+    rows = [(c, summarise(res[c])) for c in res]
+    g = [c for c in GROUNDED if c in res]
+    if len(g) > 1:
+        rows.append(("input-grounded, all", summarise(merge(res, g))))
+    return rows
+
+
+SWEEP = [(3, 4, 1), (4, 4, 1), (6, 4, 1), (8, 4, 1), (4, 4, 2), (6, 4, 2), (8, 4, 2),
+         (10, 4, 2), (12, 4, 2), (8, 6, 2), (8, 4, 3)]
+
+
+def run_sweep(model, tok, convs, max_tokens, base, args) -> None:
+    """Each setting of SWEEP against plain decoding; writes ``*_sweep.md`` beside --out."""
+    t0, load_start = time.perf_counter(), load()
+    convs = {c: cs[:2] for c, cs in convs.items()}
+    rows = []
+    for k, nmax, nmin in SWEEP:
+        sp = {"method": "ngram", "num_speculative_tokens": k,
+              "prompt_lookup_max": nmax, "prompt_lookup_min": nmin}
+        print(f"sweep {sp}")
+        r = compare(model, tok, convs, sp, max_tokens, 1, base=base)
+        rows.append((k, nmax, nmin, summarise(merge(r, list(GROUNDED))), summarise(r["open"])))
+    lines = [
+        "# Speculative decoding: k and the lookup lengths",
+        "",
+        f"Written by `python benchmarks/spec_decode.py --sweep` in "
+        f"{time.perf_counter() - t0:.0f} s. Machine: {machine()}, shared; load average "
+        f"(1/5/15 min) {load_start} at the start, {load()} at the end; BLAS and Numba "
+        f"threads pinned to {args.threads}. SmolLM2-135M-Instruct, batch 1, greedy, "
+        f"`max_tokens={max_tokens}`; two prompts a category, one run each, every setting "
+        "against plain decoding in the same run, alternating per prompt.",
+        "",
+        "| k | lookup max | lookup min | grounded tokens/s without / with | grounded speedup | "
+        "grounded acceptance | grounded mean length | open speedup | open acceptance |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *[f"| {k} | {a} | {b} | {g['plain_tps']:.1f} / {g['spec_tps']:.1f} | "
+          f"{g['speedup']:.2f}x | {g['acceptance']:.2f} | {g['mean_len']:.2f} | "
+          f"{o['speedup']:.2f}x | {o['acceptance']:.2f} |" for k, a, b, g, o in rows],
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.with_name(out.stem + "_sweep.md").write_text(text)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one prompt a category, one round")
+    ap.add_argument("--sweep", action="store_true",
+                    help="try the k / lookup settings of SWEEP instead (~10 minutes)")
+    ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
+    ap.add_argument("--lookup-max", type=int, default=4)
+    ap.add_argument("--lookup-min", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=None, help="default 160 (--quick 96)")
+    ap.add_argument("--rounds", type=int, default=None, help="default 2 (--quick 1)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=str(Path(__file__).with_suffix(".md")))
+    args = ap.parse_args(argv)
+    max_tokens = args.max_tokens or (96 if args.quick or args.sweep else 160)
+    rounds = args.rounds or (1 if args.quick else 2)
+    convs = prompts()
+    if args.quick:
+        convs = {c: cs[:1] for c, cs in convs.items()}
+    spec = {"method": "ngram", "num_speculative_tokens": args.k,
+            "prompt_lookup_max": args.lookup_max, "prompt_lookup_min": args.lookup_min}
+    t_start, load_start = time.perf_counter(), load()
+    model, tok = pnp.load_model(MODEL)
+    with pinned_threads(args.threads):
+        base = make_llm(model, tok, None)
+        if args.sweep:
+            run_sweep(model, tok, convs, max_tokens, base, args)
+            return 0
+        print(f"{MODEL}, {args.threads} threads, spec {spec}, max_tokens {max_tokens}, "
+              f"{rounds} round(s); load {load_start}")
+        res = compare(model, tok, convs, spec, max_tokens, rounds, base=base)
+        ks = sorted({0, 1, 2, 4, 6, 8, 10, 12, args.k})
+        fwd = forward_ms(model, ks=ks)
+        prods = {k: products_ms(model, 1 + k) for k in ks}
+    elapsed, load_end = time.perf_counter() - t_start, load()
+
+    rows = rows_of(res)
+    lines = [
+        "# Speculative decoding with n-gram drafts: batch-1 tokens/s",
+        "",
+        f"Written by `python benchmarks/spec_decode.py{' --quick' if args.quick else ''}"
+        f"` (see its docstring) in {elapsed:.0f} s. "
+        f"Machine: {machine()}, shared; load average (1/5/15 min) {load_start} at the start, "
+        f"{load_end} at the end. Python {platform.python_version()}, NumPy {np.__version__}, "
+        f"BLAS and Numba threads pinned to {args.threads}.",
+        "",
+        f"Model `{MODEL}` (float32), batch 1, greedy, `max_tokens={max_tokens}`; with "
+        f"`speculative_config={spec}`. Each prompt ran {rounds}x per mode, with and without "
+        "alternating; times are each prompt's best, the speedup in brackets the median of "
+        "the per-run ratios. *acceptance*: accepted drafts / drafts; *mean accepted length*: "
+        "tokens a drafting step emits (1 + accepted drafts); *steps saved*: engine steps "
+        "without / with; *model ms/step*: the forward's mean time per engine step. The "
+        "greedy token ids were identical with and without drafts for every prompt "
+        "(asserted).",
+        "",
+        *table(rows),
+        "",
+        "## What a drafting step costs",
+        "",
+        "The model's forward at batch 1 after 300 tokens in the paged cache, 1 + k query "
+        "rows (all with logits, as a verify step needs), best of 20:",
+        "",
+        "| query rows | forward ms | vs 1 row | weight products alone, ms | vs 1 row |",
+        "|---|---|---|---|---|",
+        *[f"| 1 + {k} | {ms:.1f} | {ms / fwd[0]:.2f}x | {prods[k]:.1f} | "
+          f"{prods[k] / prods[0]:.2f}x |" for k, ms in fwd.items()],
+        "",
+        "A drafting step pays off when the tokens it emits (the mean accepted length) exceed "
+        "its cost in one-row forwards. *Weight products alone*: the same forward's matrix "
+        "products (`x @ W` for every layer's four weight matrices, and the LM head) with "
+        "NumPy's BLAS, nothing else.",
+        "",
+        "## The targets (issue 27)",
+        "",
+        *targets(rows),
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
