@@ -1,8 +1,8 @@
 """Speculative decoding with n-gram drafts: batch-1 tokens/s with and without, same run.
 
-    python benchmarks/spec_decode.py            # the table (about 4 minutes on 2 cores)
-    python benchmarks/spec_decode.py --quick    # one prompt a category, one round (~1 minute)
-    python benchmarks/spec_decode.py --sweep    # k and lookup settings instead (~10 minutes)
+    python benchmarks/spec_decode.py            # the table (about 3 minutes on 2 cores)
+    python benchmarks/spec_decode.py --quick    # one prompt a category, one round (~35 s)
+    python benchmarks/spec_decode.py --sweep    # k and lookup settings instead (~8 minutes)
 
 SmolLM2-135M-Instruct answers chats one at a time (batch 1, greedy), once with
 ``speculative_config={"method": "ngram", ...}`` and once without, alternating
@@ -427,8 +427,8 @@ def main(argv=None) -> int:
         print(f"{MODEL}, {args.threads} threads, spec {spec}, max_tokens {max_tokens}, "
               f"{rounds} round(s); load {load_start}")
         res = compare(model, tok, convs, spec, max_tokens, rounds, base=base)
-        ks = sorted({0, 1, 2, 4, 6, 8, 10, 12, args.k})
-        fwd = forward_ms(model, ks=ks)
+        ks = sorted({0, 1, args.k} if args.quick else {0, 1, 2, 4, 6, 8, 10, 12, args.k})
+        fwd = forward_ms(model, ks=ks, repeat=5 if args.quick else 20)
         prods = {k: products_ms(model, 1 + k) for k in ks}
     elapsed, load_end = time.perf_counter() - t_start, load()
 
@@ -456,7 +456,7 @@ def main(argv=None) -> int:
         "## What a drafting step costs",
         "",
         "The model's forward at batch 1 after 300 tokens in the paged cache, 1 + k query "
-        "rows (all with logits, as a verify step needs), best of 20:",
+        f"rows (all with logits, as a verify step needs), best of {5 if args.quick else 20}:",
         "",
         "| query rows | forward ms | vs 1 row | weight products alone, ms | vs 1 row |",
         "|---|---|---|---|---|",
