@@ -35,7 +35,7 @@ import numpy as np
 from ..config import SpeculativeConfig
 from ..errors import DTypeError
 
-__all__ = ["BACKOFF_STEPS", "MAX_BACKOFF_STEPS", "MIN_ACCEPTANCE_RATE", "WINDOW",
+__all__ = ["BACKOFF_STEPS", "MAX_BACKOFF_STEPS", "BREAK_EVEN_TOKENS", "WINDOW",
            "DraftBackoff", "NgramProposer", "propose_reference"]
 
 
@@ -88,12 +88,16 @@ def propose_reference(token_ids: list, k: int, n_max: int, n_min: int) -> list[i
     return []
 
 
-#: A drafting step costs a forward over 1 + k rows; at batch 1 on a CPU that is
-#: about 1.2-1.5x a one-row decode (the weights are read once either way, the
-#: extra rows add arithmetic), and it yields 1 + (accepted drafts) tokens. With
-#: k = 4 and a per-draft acceptance below about 0.3 the expected gain (about
-#: 1.4 tokens a step) no longer pays for the wider forward, so drafting pauses.
-MIN_ACCEPTANCE_RATE = 0.3
+#: A drafting step costs a forward over 1 + k rows and yields 1 + (accepted
+#: drafts) tokens. In principle the weights are read once either way and the
+#: wider step costs about one decode; measured on SmolLM2 at batch 1 with
+#: OpenBLAS (benchmarks/spec_decode.md) it costs 2.5-3.5x one, because BLAS's
+#: product of 2-16 rows is far slower than its matrix-vector product. So a
+#: request keeps drafting only while its drafting steps emit at least this many
+#: tokens on average (the break-even of a 2.5x step): a rule on tokens per step,
+#: not on the acceptance rate, since one draft proposed and accepted is a rate
+#: of 1.0 and still a loss.
+BREAK_EVEN_TOKENS = 2.5
 #: Drafting steps the acceptance rate is measured over: enough drafts (4k) that
 #: one lucky or unlucky step does not decide, few enough to react within a sentence.
 WINDOW = 4
@@ -127,13 +131,12 @@ class DraftBackoff:
         return True
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
-        """One drafting step's outcome; a full window below the rate starts a pause."""
+        """One drafting step's outcome; a full window below break-even starts a pause."""
         self.recent.append((num_drafted, num_accepted))
         if len(self.recent) < WINDOW:
             return
-        drafted = sum(d for d, _ in self.recent)
-        accepted = sum(a for _, a in self.recent)
-        if accepted < MIN_ACCEPTANCE_RATE * drafted:
+        emitted = sum(1 + a for _, a in self.recent)     # tokens the window's steps gave
+        if emitted < BREAK_EVEN_TOKENS * len(self.recent):
             self.pause = self.next_pause
             self.next_pause = min(2 * self.next_pause, MAX_BACKOFF_STEPS)
             self.num_pauses += 1
