@@ -54,7 +54,10 @@ def rejection_sample(target_logits: np.ndarray, draft_token_ids, draft_probs,
     params : the request's SamplingParams.
     rng : the request's generator (unused when greedy).
 
-    Returns the emitted tokens: ``draft_token_ids[:a]`` then one more, ``0 <= a <= k``.
+    Returns
+    -------
+    list of int
+        The emitted tokens: ``draft_token_ids[:a]`` then one more, ``0 <= a <= k``.
     """
     drafts = _check(target_logits, draft_token_ids, draft_probs, params)
     k = len(drafts)
