@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ...errors import ChatTemplateError, PagedNPError
 from ..sampling import SamplingParams
+from .dashboard import router as dashboard_router
 from .loop import EngineLoop, Update
 from .metrics import ServerMetrics
 from .schemas import APIError, ChatCompletionRequest, CompletionRequest, validation_error
@@ -125,6 +126,7 @@ def create_app(llm, served_model_name: str | None = None, max_n: int | None = No
 
     app = FastAPI(title="paged_np", lifespan=lifespan)
     app.state.server = srv
+    app.include_router(dashboard_router)                 # GET /dashboard: the page, no data
 
     @app.exception_handler(APIError)
     async def api_error(request, e: APIError):
