@@ -10,6 +10,7 @@ const LIST_MAX = 60;                   // chips shown in the LRU and waiting lis
 let snap = null;                       // the latest snapshot, updates applied
 let points = [];                       // [{t, gen, used, prompt, hit}], t in seconds
 let pendingHits = new Set();           // pages to flash at the next render
+let pendingEvicted = new Set();        // pages evicted since the last render: a red flash
 let cells = [];                        // the arena's <div>s, by page id
 let es = null, pollTimer = null, frame = 0;
 
@@ -96,6 +97,7 @@ function setSnapshot(s) {
   const rebuild = !snap || !sameConfig(snap.config, s.config);
   snap = s;
   (s.hits || []).forEach((p) => pendingHits.add(p));
+  (s.evicted || []).forEach((p) => pendingEvicted.add(p));
   if (rebuild) buildArena();
   record();
   schedule();
@@ -111,6 +113,7 @@ function applyUpdate(u) {
   });
   for (const k of ["step", "time", "lru", "tree", "requests", "counters"]) if (k in u) snap[k] = u[k];
   (u.hits || []).forEach((id) => pendingHits.add(id));
+  (u.evicted || []).forEach((id) => pendingEvicted.add(id));
   record();
   schedule();
 }
@@ -176,11 +179,8 @@ function render() {
     d.textContent = ref > 1 ? ref : "";
     d.title = `page ${i}: ${st}` + (o ? `, ${o}` : "") + (ref ? `, read by ${ref}` : "");
   }
-  for (const id of pendingHits) {                  // restart the flash animation
-    const d = cells[id]; if (!d) continue;
-    d.classList.remove("hit"); void d.offsetWidth; d.classList.add("hit");
-  }
-  pendingHits.clear();
+  flash(pendingHits, "hit");
+  flash(pendingEvicted, "evicted");
 
   byId("step").textContent = snap.step;
   byId("pages-in-use").textContent = used;
@@ -198,6 +198,15 @@ function render() {
   renderLru();
   renderTree();
   renderSparks();
+}
+
+// (Re)start a CSS flash on each page of the set, then empty it.
+function flash(ids, cls) {
+  for (const id of ids) {
+    const d = cells[id]; if (!d) continue;
+    d.classList.remove("hit", "evicted"); void d.offsetWidth; d.classList.add(cls);
+  }
+  ids.clear();
 }
 
 function pct(x) { return x == null || isNaN(x) ? "–" : (100 * x).toFixed(0) + "%"; }
