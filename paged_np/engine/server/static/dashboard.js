@@ -274,9 +274,8 @@ function renderTree() {
       const li = document.createElement("li"), span = document.createElement("span");
       const pages = n.pages || [];
       span.className = "node" + (n.lock_ref > 0 ? " locked" : "");
-      span.textContent = n.parent == null ? `root` :
-        `${n.num_tokens} tokens · pages ${pages.slice(0, 8).join(" ")}${pages.length > 8 ? " …" : ""}` +
-        (n.lock_ref > 0 ? ` · read by ${n.lock_ref}` : "");
+      span.textContent = `${n.num_tokens} tokens · pages ${pages.slice(0, 8).join(" ")}` +
+        (pages.length > 8 ? " …" : "") + (n.lock_ref > 0 ? ` · read by ${n.lock_ref}` : "");
       li.appendChild(span);
       const ch = kids.get(n.id);
       if (ch) li.appendChild(list(ch));
@@ -284,7 +283,10 @@ function renderTree() {
     }
     return ul;
   };
-  byId("tree").replaceChildren(list(kids.get("root") || []));
+  // The index's nodes have no root entry: their parents are null at the top.
+  const root = document.createElement("span");
+  root.className = "node"; root.textContent = `root (${t.nodes.length} nodes)`;
+  byId("tree").replaceChildren(root, list(kids.get("root") || []));
 }
 
 function renderSparks() {
