@@ -31,9 +31,6 @@ A scheduler asks first (:meth:`PagedKVCache.num_pages_needed`, ``can_allocate``,
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections import namedtuple
-
 import numpy as np
 
 from ..checks import as_extra_key, as_token_ids, check_int, check_positive_int
@@ -49,16 +46,13 @@ from ..errors import (
 )
 from .arena import Arena
 from .batch import BatchMetadata
+from .events import Event
 from .indexes import make_prefix_index
 from .invariants import check_cache_invariants
 from .page_pool import CACHED, PagePool
 from .sequence import Sequence
 
 __all__ = ["BatchMetadata", "Event", "PagedKVCache"]
-
-#: One entry of ``cache.events``: ``kind`` is allocate, evict, hit, cache, free, cow,
-#: fork, hash (a page joined the hash index) or insert (a page joined the radix tree).
-Event = namedtuple("Event", "step kind page_id seq_id")
 
 
 class PagedKVCache:
@@ -105,6 +99,7 @@ class PagedKVCache:
         self._seqs: dict[object, Sequence] = {}
         self.events: list[Event] = []
         self.record_events = record_events
+        self.listeners: tuple = ()                   # see add_listener
         self.clock = 0
         self._hits = 0
         self._queries = 0
@@ -235,7 +230,7 @@ class PagedKVCache:
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
         bt = seq.block_table
         pages_needed = -(-end // ps)
-        released = _num_released(bt)  # pages given back by release_pages_before
+        released = seq.num_released_pages  # pages given back by release_pages_before
         if pages_needed - released > self.cfg.num_pages:
             raise SequenceTooLong(
                 f"n={n}: sequence {seq.seq_id!r} would need {pages_needed - released} pages, "
@@ -296,7 +291,7 @@ class PagedKVCache:
                 "slots: append_tokens before fork"
             )
         child = parent.copy(child_id)
-        for p in child.block_table[_num_released(child.block_table):]:
+        for p in child.block_table[child.num_released_pages:]:
             self.pool.share(p)
             self._log("fork", p, child_id)
         self.prefix_index.lock(child.prefix_handle)  # the child uses the parent's prefix
@@ -310,7 +305,7 @@ class PagedKVCache:
         be shared by the next request).
         """
         seq = self._get(seq_id)
-        for p in reversed(seq.block_table[_num_released(seq.block_table):]):
+        for p in reversed(seq.block_table[seq.num_released_pages:]):
             self.pool.free(p, seq_id)
         self.prefix_index.unlock(seq.prefix_handle)  # its prefix may now be evicted
         del self._seqs[seq_id]
@@ -329,7 +324,7 @@ class PagedKVCache:
         seq = self._get(seq_id)
         num_tokens = check_int("num_tokens", num_tokens)
         bt = seq.block_table
-        first = _num_released(bt)
+        first = seq.num_released_pages
         ps = self.page_size
         # Whole pages below num_tokens, and only pages whose tokens are all written.
         last = min(max(num_tokens, 0) // ps, len(bt), seq.num_computed_tokens // ps)
@@ -362,7 +357,7 @@ class PagedKVCache:
 
     def num_released_pages(self, seq_id) -> int:
         """Leading block-table entries given back by :meth:`release_pages_before` (-1 now)."""
-        return _num_released(self._get(seq_id).block_table)
+        return self._get(seq_id).num_released_pages
 
     def num_computed_tokens(self, seq_id) -> int:
         """Tokens of the sequence whose KV is written."""
@@ -437,14 +432,19 @@ class PagedKVCache:
         if seq_id in self._seqs:
             raise DuplicateSequence(f"{name} {seq_id!r} is already in the cache")
 
+    def add_listener(self, fn) -> None:
+        """Call ``fn(event)`` on each later event, logged or not (:mod:`.events`)."""
+        self.listeners = (*self.listeners, fn)       # a new tuple: safe to swap any time
+
+    def remove_listener(self, fn) -> None:
+        self.listeners = tuple(f for f in self.listeners if f != fn)
+
     def _log(self, kind: str, page_id: int, seq_id) -> None:
-        """Append one event (the pool's and the index's listener too)."""
-        if self.record_events:
-            self.events.append(Event(self.clock, kind, page_id, seq_id))
+        """Record one event (the pool's and the index's listener too); tell the listeners."""
+        if self.record_events or self.listeners:
+            event = Event(self.clock, kind, page_id, seq_id)
+            if self.record_events:
+                self.events.append(event)
+            for fn in self.listeners:
+                fn(event)
 
-
-def _num_released(block_table: list) -> int:
-    """Leading -1 entries of a block table (pages given back by release_pages_before)."""
-    if not block_table or block_table[0] >= 0:  # the common case: nothing released
-        return 0
-    return bisect_left(block_table, True, key=lambda p: p >= 0)

@@ -16,6 +16,7 @@ A ``Sequence`` is plain bookkeeping (vLLM's ``Request`` + ``KVCacheBlocks``):
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 
@@ -40,6 +41,14 @@ class Sequence:
     def seq_len(self) -> int:
         """Written tokens plus those of a pending ``allocate_slots``: what the kernel reads."""
         return len(self.token_ids) + self.num_pending
+
+    @property
+    def num_released_pages(self) -> int:
+        """Leading -1 entries of the block table (pages given back by a sliding window)."""
+        bt = self.block_table
+        if not bt or bt[0] >= 0:                # the common case: nothing released
+            return 0
+        return bisect_left(bt, True, key=lambda p: p >= 0)
 
     def copy(self, seq_id) -> Sequence:
         """A fork: same tokens, same pages, same handle (the caller takes the references
