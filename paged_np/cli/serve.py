@@ -5,11 +5,18 @@
     python -m paged_np serve --model smollm2-135m-instruct --port 8000
     python -m paged_np serve --model tiny-random          # no download: random weights
     python -m paged_np serve --prefix-cache radix --schedule lpm   # multi-turn chat's best
+    python -m paged_np serve --model tiny-random --open  # and watch the cache: /dashboard
 
 Then point any OpenAI client at ``http://127.0.0.1:8000/v1`` (see
 :mod:`paged_np.engine.server` for the endpoints). Ctrl-C or SIGTERM lets
 in-flight requests finish for ``--drain-timeout`` seconds, aborts the rest
 and exits.
+
+``--open`` opens ``/dashboard`` (the cache, live) in your browser once the server
+listens. ``--api-key KEY`` (vLLM's flag) makes every route but ``/health`` answer
+401 without ``Authorization: Bearer KEY`` (the dashboard's routes also take
+``?api_key=KEY``). The dashboard shows token counts, pages and states; only
+``--dashboard-show-text`` adds the prompts' and answers' text to ``/v1/cache``.
 
 Every :class:`~paged_np.EngineConfig` field is a flag (``--help`` lists them,
 :mod:`paged_np.cli.options` makes them), so an engine option reaches the
@@ -42,6 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--drain-timeout", type=float, default=5.0,
                     help="seconds in-flight requests get to finish at shutdown")
     ap.add_argument("--log-level", default="info")
+    ap.add_argument("--api-key", default=None,
+                    help="every route but /health answers 401 without 'Authorization: Bearer "
+                         "KEY' (the dashboard's routes also take ?api_key=KEY)")
+    ap.add_argument("--open", action="store_true",
+                    help="open the dashboard (/dashboard) in the browser once the server listens")
+    ap.add_argument("--dashboard-show-text", action="store_true",
+                    help="let /v1/cache and the dashboard show prompt and answer text "
+                         "(default: token counts, pages and states only)")
     # every EngineConfig field is a flag (--prefix-cache radix --schedule lpm ...);
     # a server seats more sequences, and batches more tokens, than the library's defaults
     add_engine_args(ap, defaults=SERVE_DEFAULTS)
@@ -86,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"serving {args.served_model_name or args.model} on http://{args.host}:{args.port}/v1 "
           f"({llm.engine.cache.cfg.num_pages} pages of {llm.engine.cache.cfg.page_size} tokens)",
           flush=True)
+    print(f"the cache, live: http://{args.host}:{args.port}/dashboard", flush=True)
     serve(llm, host=args.host, port=args.port, served_model_name=args.served_model_name
-          or args.model, drain_s=args.drain_timeout, log_level=args.log_level)
+          or args.model, drain_s=args.drain_timeout, log_level=args.log_level,
+          api_key=args.api_key, show_text=args.dashboard_show_text, open_browser=args.open)
     return 0

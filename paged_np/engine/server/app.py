@@ -1,5 +1,6 @@
 """The FastAPI app: handlers validate, enqueue, and read their request's queue; ``serve``
-runs it, ``ServerThread`` runs it in a thread (tests, notebooks)."""
+runs it, ``ServerThread`` runs it in a thread (tests, notebooks). The cache's routes
+are in :mod:`.cache_routes`, ``--api-key`` in :mod:`.auth`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 import threading
 import time
 import uuid
+import webbrowser
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -19,6 +21,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ...errors import ChatTemplateError, PagedNPError
 from ..sampling import SamplingParams
+from .auth import APIKeyMiddleware
+from .cache_routes import add_cache_routes
 from .dashboard import router as dashboard_router
 from .loop import EngineLoop, Update
 from .metrics import ServerMetrics
@@ -28,13 +32,14 @@ from .schemas import APIError, ChatCompletionRequest, CompletionRequest, validat
 class Server:
     """The handlers' view of one served model: validation and result reading."""
 
-    def __init__(self, llm, served_model_name: str | None = None, max_n: int | None = None):
+    def __init__(self, llm, served_model_name: str | None = None, max_n: int | None = None,
+                 show_text: bool = False):
         self.llm = llm
         self.tokenizer = llm.tokenizer
         self.model_name = served_model_name or getattr(llm, "model_name", None) or "paged-np"
         self.max_model_len = int(llm.max_model_len)
         self.max_n = int(max_n or llm.engine.config.max_num_seqs)
-        self.loop = EngineLoop(llm)
+        self.loop = EngineLoop(llm, show_text=show_text)
         self.created = int(time.time())
         self._ids = itertools.count()
 
@@ -110,13 +115,16 @@ def _usage(u: Update) -> dict:
 
 
 def create_app(llm, served_model_name: str | None = None, max_n: int | None = None,
-               drain_s: float = 0.0):
+               drain_s: float = 0.0, api_key: str | None = None, show_text: bool = False):
     """The FastAPI app serving ``llm`` (a :class:`paged_np.LLM`).
 
     The engine loop starts with the app and stops with it: at shutdown,
     requests still running get ``drain_s`` seconds to finish, then are aborted.
+    ``api_key``: every route but ``/health`` answers 401 without it
+    (:mod:`.auth`). ``show_text``: the cache's view (``/v1/cache``) includes
+    each request's prompt and answer text; by default only counts and pages.
     """
-    srv = Server(llm, served_model_name, max_n)
+    srv = Server(llm, served_model_name, max_n, show_text=show_text)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -127,6 +135,9 @@ def create_app(llm, served_model_name: str | None = None, max_n: int | None = No
     app = FastAPI(title="paged_np", lifespan=lifespan)
     app.state.server = srv
     app.include_router(dashboard_router)                 # GET /dashboard: the page, no data
+    add_cache_routes(app, srv)                           # GET /v1/cache and its stream
+    if api_key is not None:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
 
     @app.exception_handler(APIError)
     async def api_error(request, e: APIError):
@@ -298,16 +309,20 @@ async def _stream(updates, base, chat, n, include_usage):
 
 
 def serve(llm, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
-          drain_s: float = 5.0, log_level: str = "info") -> None:
+          drain_s: float = 5.0, log_level: str = "info", api_key: str | None = None,
+          show_text: bool = False, open_browser: bool = False) -> None:
     """Run the server until Ctrl-C or SIGTERM.
 
     On the signal uvicorn stops accepting connections and gives in-flight
     requests ``drain_s`` seconds to finish; the engine loop then aborts what
     is left (their streams end with ``finish_reason="abort"``) and exits.
+    ``open_browser``: open ``/dashboard`` in the user's browser once the
+    server listens. ``api_key`` and ``show_text``: see :func:`create_app`.
     """
     import uvicorn
 
-    app = create_app(llm, served_model_name, drain_s=drain_s)
+    app = create_app(llm, served_model_name, drain_s=drain_s, api_key=api_key,
+                     show_text=show_text)
     engine_loop = app.state.server.loop
 
     class _Server(uvicorn.Server):
@@ -324,7 +339,35 @@ def serve(llm, host: str = "127.0.0.1", port: int = 8000, served_model_name: str
 
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=drain_s + 5.0)
-    _Server(config).run()
+    server = _Server(config)
+    if open_browser:
+        open_when_started(server, dashboard_url(host, port))
+    server.run()
+
+
+def dashboard_url(host: str, port: int) -> str:
+    """Where a browser on this machine finds the dashboard (a wildcard host is loopback)."""
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"                               # an IPv6 literal
+    return f"http://{host}:{port}/dashboard"
+
+
+def open_when_started(server, url: str, timeout: float = 120.0) -> threading.Thread:
+    """Open ``url`` in the user's browser (:func:`webbrowser.open`) once the uvicorn
+    ``server`` listens; gives up silently if it has not started within ``timeout`` s."""
+
+    def wait_then_open():
+        deadline = time.monotonic() + timeout
+        while not server.started:
+            if time.monotonic() > deadline or server.should_exit:
+                return
+            time.sleep(0.05)
+        webbrowser.open(url)
+
+    t = threading.Thread(target=wait_then_open, name="paged_np-open", daemon=True)
+    t.start()
+    return t
 
 
 class ServerThread:
@@ -339,12 +382,13 @@ class ServerThread:
     """
 
     def __init__(self, llm, served_model_name: str | None = None, drain_s: float = 1.0,
-                 host: str = "127.0.0.1"):
+                 host: str = "127.0.0.1", api_key: str | None = None, show_text: bool = False):
         import socket
 
         import uvicorn
 
-        self.app = create_app(llm, served_model_name, drain_s=drain_s)
+        self.app = create_app(llm, served_model_name, drain_s=drain_s, api_key=api_key,
+                              show_text=show_text)
         self.drain_s = drain_s
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.bind((host, 0))                       # port 0: the OS picks a free one

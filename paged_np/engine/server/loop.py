@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 from ...errors import InvalidArgument, PagedNPError
+from .cache_view import CacheView
 from .metrics import ServerMetrics
 
 
@@ -61,11 +62,15 @@ class EngineLoop:
     Handlers call :meth:`submit` and :meth:`abort` (thread safe: they only
     post to an inbox); the loop applies them between steps, steps while any
     request is unfinished, and sleeps on an event when there is nothing to do.
+    The cache's live view (:attr:`view`, :mod:`.cache_view`) is built here too,
+    between steps: :meth:`watch`, :meth:`unwatch` and :meth:`snapshot` post to
+    the same inbox.
     """
 
-    def __init__(self, llm):
+    def __init__(self, llm, show_text: bool = False):
         self.llm = llm
         self.metrics = ServerMetrics()
+        self.view = CacheView(llm, show_text=show_text)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}
@@ -88,6 +93,20 @@ class EngineLoop:
 
     def abort(self, request_id) -> None:
         self._inbox.put(("abort", request_id))
+        self._wake.set()
+
+    def watch(self, sub) -> None:
+        """Start a cache stream (a :class:`~.cache_view.Subscriber`): a snapshot, then updates."""
+        self._inbox.put(("watch", sub))
+        self._wake.set()
+
+    def unwatch(self, sub) -> None:
+        self._inbox.put(("unwatch", sub))
+        self._wake.set()
+
+    def snapshot(self, aloop, future) -> None:
+        """Set ``future`` (of event loop ``aloop``) to the cache's snapshot, between steps."""
+        self._inbox.put(("snapshot", aloop, future))
         self._wake.set()
 
     @property
@@ -118,10 +137,12 @@ class EngineLoop:
             if self._stopping and (not self._streams or time.monotonic() >= self._drain_deadline):
                 break
             if not self.llm.has_unfinished_requests():
-                self._wake.wait(0.5)
+                self.view.publish()                      # the last changes, when due
+                self._wake.wait(self.view.wait_s(0.5))
                 self._wake.clear()
                 continue
             self._step()
+            self.view.publish()                          # at most 10 a second
             # Let the HTTP thread run between steps (the GIL is one lock for both):
             # it turns waiting requests into engine requests, so they join the next
             # step instead of trickling in one step at a time.
@@ -129,6 +150,9 @@ class EngineLoop:
         for rid in list(self._streams):                  # shutting down: abort the rest
             self._abort(rid, "abort")
         self._update_gauges()
+        self._apply_inbox()                              # answer snapshots still asked for
+        self.view.publish()
+        self.view.close_all()
 
     def _apply_inbox(self) -> None:
         applied = False
@@ -137,6 +161,9 @@ class EngineLoop:
                 msg = self._inbox.get_nowait()
             except queue.Empty:
                 break
+            if msg[0] in ("watch", "unwatch", "snapshot"):
+                self._view_message(msg)
+                continue
             applied = True
             if msg[0] == "abort":
                 self._abort(msg[1], None)
@@ -154,6 +181,17 @@ class EngineLoop:
                 self.metrics.counters["prompt_tokens_total"] += len(prompt_ids)
         if applied:                                      # an abort frees pages: show it now
             self._update_gauges()
+            self.view.mark_dirty()
+
+    def _view_message(self, msg) -> None:
+        if msg[0] == "watch":
+            self.view.watch(msg[1])
+        elif msg[0] == "unwatch":
+            self.view.unwatch(msg[1])
+        else:
+            _, aloop, future = msg
+            snap = self.view.snapshot()
+            aloop.call_soon_threadsafe(_set_result, future, snap)
 
     def _abort(self, rid, reason) -> None:
         """Drop a request (client gone, or shutdown); its pages go back to the pool."""
@@ -225,6 +263,7 @@ class EngineLoop:
         for aloop, items in deliveries.items():
             aloop.call_soon_threadsafe(_deliver, items)
         self._update_gauges()
+        self.view.mark_dirty()
 
     def _update_gauges(self) -> None:
         """Copy the engine's public snapshot (:meth:`Engine.stats`) into the gauges."""
@@ -263,6 +302,11 @@ def _deliver(items) -> None:
     """On the event loop: put each update on its request's queue."""
     for q, update in items:
         q.put_nowait(update)
+
+
+def _set_result(future, value) -> None:
+    if not future.done():                                # its handler may have gone
+        future.set_result(value)
 
 
 def _error_update(stream: _Stream, message: str, status: int) -> Update:
