@@ -27,10 +27,17 @@ How it is built (vLLM's shape, in one process):
   for an unknown route, 500 when the engine fails one request (only that one).
 - ``GET /metrics`` speaks Prometheus text with vLLM's metric names under a
   ``paged_np:`` prefix (see :class:`ServerMetrics`).
+- **The cache, live**: ``GET /v1/cache`` is a JSON snapshot of the pages, the
+  eviction order, the radix tree and the queues; ``GET /v1/cache/stream`` sends
+  it, then what changed, at most 10 times a second; ``GET /dashboard`` draws
+  them. The engine loop builds both between steps (:class:`CacheView`).
+- ``--api-key KEY`` guards every route but ``/health`` (:mod:`.auth`).
 
 The files, in reading order: :mod:`.schemas` (request bodies and errors),
 :mod:`.loop` (the engine loop), :mod:`.app` (the handlers, ``serve`` and
-``ServerThread``), :mod:`.metrics` (``/metrics``).
+``ServerThread``), :mod:`.metrics` (``/metrics``), :mod:`.cache_view` (the
+cache's JSON and its schema), :mod:`.cache_routes` (its two routes),
+:mod:`.dashboard` (the page), :mod:`.auth` (``--api-key``).
 
 Compared with vLLM: the engine runs in a thread of the server's process
 (vLLM runs it in its own process and talks over ZeroMQ); no tools, logprobs,
@@ -38,12 +45,14 @@ Compared with vLLM: the engine runs in a thread of the server's process
 """
 
 from .app import Server, ServerThread, create_app, serve
+from .cache_view import CacheView, Subscriber
 from .loop import EngineLoop, Update
 from .metrics import ITL_BUCKETS, TTFT_BUCKETS, Histogram, ServerMetrics
 from .schemas import APIError, ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions
 
 __all__ = [
     "APIError",
+    "CacheView",
     "ChatCompletionRequest",
     "ChatMessage",
     "CompletionRequest",
@@ -54,6 +63,7 @@ __all__ = [
     "ServerMetrics",
     "ServerThread",
     "StreamOptions",
+    "Subscriber",
     "TTFT_BUCKETS",
     "Update",
     "create_app",

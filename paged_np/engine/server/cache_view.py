@@ -125,6 +125,7 @@ class CacheView:
         self.interval = 1.0 / max_updates_per_s
         self.subscribers: list[Subscriber] = []
         self.num_updates = 0                 # updates published (for tests and benchmarks)
+        self.busy_s = 0.0                    # engine-thread seconds spent here (/metrics)
         self._last_publish = 0.0
         self._dirty = False
         self._changed: set = set()           # pages events named since the last update
@@ -144,7 +145,9 @@ class CacheView:
             self._evicted.clear()
             self._refs, self._owners = self._walk()
         self.subscribers.append(sub)
+        t0 = time.perf_counter()
         self._send([(sub, "snapshot", _dumps(self.snapshot()))])
+        self.busy_s += time.perf_counter() - t0
 
     def unwatch(self, sub: Subscriber) -> None:
         if sub in self.subscribers:
@@ -177,10 +180,8 @@ class CacheView:
             return False
         self._last_publish = now
         self._dirty = False
-        update = self.update()
-        if update is None:
-            return False
-        data = _dumps(update)
+        t0 = time.perf_counter()
+        data = _dumps(self.update())
         snap = None
         items = []
         for sub in self.subscribers:
@@ -191,6 +192,7 @@ class CacheView:
                 items.append((sub, "update", data))
         self._send(items)
         self.num_updates += 1
+        self.busy_s += time.perf_counter() - t0
         return True
 
     def _send(self, items) -> None:
@@ -229,8 +231,8 @@ class CacheView:
                       "owner": [owners.get(p) for p in range(n)]},
             **self._whole(), "hits": list(self._hits), "evicted": list(self._evicted)}
 
-    def update(self) -> dict | None:
-        """What changed since the last update (None: nothing did). Resets the hits."""
+    def update(self) -> dict:
+        """What changed since the last update (the pages, and the rest whole). Resets the hits."""
         refs, owners = self._walk()
         changed = self._changed | _diff(refs, self._refs) | _diff(owners, self._owners)
         self._refs, self._owners = refs, owners

@@ -286,6 +286,7 @@ class EngineLoop:
             c["spec_decode_num_drafts_total"] = st["spec_num_drafts"]
             c["spec_decode_num_draft_tokens_total"] = st["spec_num_draft_tokens"]
             c["spec_decode_num_accepted_tokens_total"] = st["spec_num_accepted_tokens"]
+            c["cache_view_seconds_total"] = self.view.busy_s
 
 
 def _snapshot(out) -> Update:

@@ -64,7 +64,8 @@ class ServerMetrics:
                              prefix_cache_cached_tokens_total=0, engine_steps_total=0,
                              spec_decode_num_drafts_total=0,
                              spec_decode_num_draft_tokens_total=0,
-                             spec_decode_num_accepted_tokens_total=0)
+                             spec_decode_num_accepted_tokens_total=0,
+                             cache_view_seconds_total=0.0)
         self.finished: dict[str, int] = {}        # finish reason -> requests
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
@@ -97,6 +98,8 @@ class ServerMetrics:
         "spec_decode_num_drafts_total": ("counter", "Request steps that verified drafts."),
         "spec_decode_num_draft_tokens_total": ("counter", "Draft tokens verified."),
         "spec_decode_num_accepted_tokens_total": ("counter", "Draft tokens accepted."),
+        "cache_view_seconds_total": ("counter", "Engine-loop seconds spent building the "
+                                     "cache's view for /v1/cache/stream (0 unwatched)."),
     }
 
     def render(self) -> str:
