@@ -58,12 +58,14 @@ def test_stream_starts_with_a_snapshot_and_updates_replay_to_the_end(model_tok, 
             time.sleep(0.01)
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
         first = client.chat.completions.create(           # the system prompt, computed once
-            model=TINY_NAME, max_tokens=40, temperature=0, stream=True,
+            model=TINY_NAME, max_tokens=400, temperature=0, stream=True,
             messages=[{"role": "system", "content": SYSTEM},
                       {"role": "user", "content": "first"}], extra_body={"ignore_eos": True})
         next(iter(first))                                  # its prompt is in the cache now
-        with ThreadPoolExecutor(6) as pool:                # then six more share it
-            list(pool.map(lambda i: chat(client, f"question {i}"), range(6)))
+        # Then six more share it, long enough (warm, a tiny-model step is ~2 ms) that
+        # their sharing outlives several 0.1 s updates.
+        with ThreadPoolExecutor(6) as pool:
+            list(pool.map(lambda i: chat(client, f"question {i}", max_tokens=300), range(6)))
         for _ in first:
             pass
         wait_for(srv.url, lambda m: m["paged_np:kv_pages_in_use"] == 0)

@@ -28,11 +28,16 @@ QUERY_KEY_PATHS = ("/dashboard", "/v1/cache")
 #: Paths anyone may call.
 OPEN_PATHS = ("/health",)
 
+# A plain GET form (it works without JavaScript); the script only brings back a key
+# the dashboard kept in this tab, once (a URL that already carries a key, right or
+# wrong, is never redirected again, so a stale key cannot loop).
 _ASK_PAGE = """<!doctype html><meta charset="utf-8"><title>paged_np: API key</title>
-<form style="font:16px sans-serif;margin:3em" onsubmit="const u=new URL(location);
-u.searchParams.set('api_key',this.k.value);location=u;return false">
+<form style="font:16px sans-serif;margin:3em" method="get" action="/dashboard">
 <p>This server was started with <code>--api-key</code>. The dashboard needs the key:</p>
-<input name="k" type="password" autofocus size="40"> <button>Open</button></form>"""
+<input name="api_key" type="password" autofocus size="40"> <button>Open</button></form>
+<script>const k = sessionStorage.getItem("paged_np_api_key");
+if (k && !new window.URL(location.href).searchParams.has("api_key")) {
+  location.replace("/dashboard?api_key=" + encodeURIComponent(k)); }</script>"""
 
 
 class APIKeyMiddleware:
