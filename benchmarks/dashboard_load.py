@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import threading
@@ -32,38 +31,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
+from serve_load import free_port, start_server  # this folder's serving benchmark
 
 SYSTEM = ("You are a helpful assistant running on a paged KV cache. Answer in a few short, "
           "plain sentences.")
 HERE = os.path.abspath(__file__)
 ROOT = os.path.dirname(os.path.dirname(HERE))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(args, port) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "paged_np", "serve", "--model", args.model, "--port", str(port),
-           "--backend", args.backend, "--num-pages", str(args.num_pages), "--log-level",
-           "warning"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-    deadline = time.monotonic() + 600
-    while True:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited: {proc.stderr.read()}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise SystemExit("the server did not come up in 10 minutes")
-        time.sleep(0.5)
 
 
 # ---------------------------------------------------------------- the watchers

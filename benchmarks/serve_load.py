@@ -56,10 +56,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args, port) -> subprocess.Popen:
+def start_server(args, port, flags=()) -> subprocess.Popen:
+    """``python -m paged_np serve`` in its own process; returns once /health answers.
+
+    Also used by ``dashboard_load.py``; ``flags`` are further ``serve`` flags.
+    """
     cmd = [sys.executable, "-m", "paged_np", "serve", "--model", args.model, "--port", str(port),
-           "--backend", args.backend, "--max-num-seqs", str(args.max_num_seqs),
-           "--num-pages", str(args.num_pages), "--log-level", "warning"]
+           "--backend", args.backend, "--num-pages", str(args.num_pages), "--log-level",
+           "warning", *flags]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
@@ -139,7 +143,7 @@ def main(argv=None):
     levels = [int(c) for c in args.clients.split(",")]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_server(args, port)
+    proc = start_server(args, port, ["--max-num-seqs", str(args.max_num_seqs)])
     rows = []
     try:
         # Warm-up: compile the kernels and fill the shared prefix once.
