@@ -261,7 +261,7 @@ class Engine:
                                         backend=self.config.backend)   # [S, V]
         t2 = time.perf_counter()
         if batch is not None:
-            row = record_prompt_logprobs(prompt, logits)   # prompt_logprobs' rows come first
+            row = record_prompt_logprobs(prompt, logits, self._logits_listeners)  # rows first
             self._postprocess(sched.scheduled, logits[row:])
         t3 = time.perf_counter()
         self._stats.record_step(t1 - t0, t2 - t1, t3 - t2,
@@ -352,8 +352,9 @@ class Engine:
             if len(sample.token_ids) + len(kept) >= params.max_tokens:
                 reason = "length"
                 break
+        pos = req.num_tokens - 1                                 # the row of kept[0]
         for i, fn in itertools.product(range(len(kept)), self._logits_listeners):
-            fn(req.parent.request_id, sample.index, len(sample.token_ids) + i, rows[i])
+            fn(req.parent.request_id, sample.index, pos + i, rows[i])
         if params.logprobs is not None:
             append_sample_logprobs(sample, rows[:len(kept)], kept, params.logprobs)
         sample.token_ids += kept                                 # the one list of its tokens
@@ -364,12 +365,14 @@ class Engine:
             self._finish_seq(req, reason)
 
     def add_logits_listener(self, fn) -> None:
-        """Call ``fn(request_id, sample_index, token_index, logits)`` for every generated token.
+        """Call ``fn(request_id, sample_index, position, logits)`` for each row the model scores.
 
-        ``logits`` is the float32 ``[V]`` row the token was chosen from (the
-        model's raw output; a view: copy it to keep it), ``token_index`` the
-        token's place among the sample's generated tokens. For drawings and
-        comparisons; the logprobs a user reads are ``SamplingParams.logprobs``.
+        ``logits`` is the float32 ``[V]`` row at ``position`` of a sample (the
+        model's raw output, predicting the token at ``position + 1``; a view:
+        copy it to keep it): the row each generated token was chosen from,
+        and, for a request with ``prompt_logprobs``, every prompt position
+        (sample 0), each once. For drawings and comparisons (KL divergence);
+        the logprobs a user reads are ``SamplingParams.logprobs``.
         """
         if not callable(fn):
             raise DTypeError(f"add_logits_listener: fn must be callable, got {type(fn).__name__}")

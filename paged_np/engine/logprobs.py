@@ -110,19 +110,24 @@ def prompt_rows(req, start: int, count: int) -> int:
     return max(0, last - first)
 
 
-def record_prompt_logprobs(prompt: list, logits: np.ndarray) -> int:
+def record_prompt_logprobs(prompt: list, logits: np.ndarray, listeners=()) -> int:
     """Append the prompt logprobs of a step; returns the number of rows they used.
 
     ``prompt`` lists ``(req, m)`` (from :func:`~paged_np.engine.batching.build_batch`):
     the first rows of ``logits`` (float32 ``[S, V]``) are ``req``'s next ``m``
-    unrecorded positions, request after request.
+    unrecorded positions, request after request. Each of ``listeners`` is
+    called as ``fn(request_id, 0, position, row)`` (``Engine.add_logits_listener``).
     """
     row = 0
     for req, m in prompt:
         recorded = req.parent.output.prompt_logprobs
         first = len(recorded)                                    # token index scored first
         targets = req.parent.prompt[first:first + m]             # [m] the tokens they score
-        recorded += logprob_dicts(logits[row:row + m], targets, req.parent.params.prompt_logprobs)
+        rows = logits[row:row + m]                               # [m, V]
+        for i in range(m):
+            for fn in listeners:
+                fn(req.parent.request_id, 0, first - 1 + i, rows[i])
+        recorded += logprob_dicts(rows, targets, req.parent.params.prompt_logprobs)
         row += m
     return row
 
