@@ -36,7 +36,9 @@ def test_prompt_and_sample_logprobs_equal_transformers(smollm2, mode):
     model, tok = smollm2
     recs = GOLDEN["prompts"]
     k = GOLDEN["top"]
-    llm = pnp.LLM(model, tokenizer=tok, num_pages=7, page_size=16, max_num_seqs=3,
+    # 10 pages of 8 tokens: two prompts (35-38 tokens, 5 pages each) fill them; decoding
+    # needs a sixth page, so one is preempted, and prefill runs in chunks of 24 tokens.
+    llm = pnp.LLM(model, tokenizer=tok, num_pages=10, page_size=8, max_num_seqs=3,
                   max_num_batched_tokens=24, preemption_mode=mode, verbose=False)
     params = pnp.SamplingParams(max_tokens=GEN, temperature=0, logprobs=k, prompt_logprobs=k)
     outs = llm.generate([r["prompt_ids"] for r in recs], params)

@@ -153,7 +153,7 @@ def _listener(run: int, ref_rows, kl: np.ndarray, agree: np.ndarray, n: int):
         if run == 0:
             ref_rows[position] = lp
             return
-        ref = ref_rows[position].astype(np.float64)              # [V]
+        ref = log_softmax(ref_rows[position][None, :])[0]        # [V] float64, renormalised
         kl[position] = float(np.exp(ref) @ (ref - lp))           # KL(ref || run), nats
         agree[position] = int(np.argmax(ref)) == int(np.argmax(lp))
 
