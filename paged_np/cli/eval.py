@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = eval_token_ids(tok, args.num_tokens)
     info = {**eval_text_info(), "num_tokens": len(ids), "model": args.model}
     print(f"model {args.model}; scoring {len(ids)} tokens of {info['source']}", flush=True)
+    evaluate(model, ids[:8], runs[:1])           # warm-up: the first run's time is not a JIT's
     results = evaluate(model, ids, runs)
     print(format_table(results, info))
     if args.json:
