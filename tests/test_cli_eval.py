@@ -45,3 +45,9 @@ def test_bad_sweep_is_refused_before_loading(sweep, capsys):
         eval_cli.main(["--model", "no-such-model", "--sweep", sweep])
     assert e.value.code == 2
     assert "--sweep" in capsys.readouterr().err
+
+
+def test_a_cache_too_small_for_the_slice_fails_with_the_reason(capsys):
+    assert eval_cli.main(["--model", "tiny-random", "--num-tokens", "40", "--num-pages", "2",
+                          "--page-size", "4", "--backend", "numpy"]) == 1
+    assert "can never fit" in capsys.readouterr().err

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 
 from .options import add_engine_args, engine_config
 from .serve import TINY_MODEL, tiny_model
@@ -103,8 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     ids = eval_token_ids(tok, args.num_tokens)
     info = {**eval_text_info(), "num_tokens": len(ids), "model": args.model}
     print(f"model {args.model}; scoring {len(ids)} tokens of {info['source']}", flush=True)
-    evaluate(model, ids[:8], runs[:1])           # warm-up: the first run's time is not a JIT's
-    results = evaluate(model, ids, runs)
+    from ..errors import PagedNPError
+
+    try:
+        evaluate(model, ids[:8], runs[:1])       # warm-up: the first run's time is not a JIT's
+        results = evaluate(model, ids, runs)
+    except PagedNPError as e:                    # e.g. a cache too small for the slice
+        print(f"eval: {e}", file=sys.stderr)
+        return 1
     print(format_table(results, info))
     if args.json:
         with open(args.json, "w") as f:
