@@ -34,6 +34,7 @@ from .cache.radix import RadixCache
 from .config import CacheConfig, EngineConfig, ModelConfig, SpeculativeConfig
 from .engine.engine import Engine
 from .engine.llm import LLM
+from .engine.logprobs import Logprob
 from .engine.sampling import SamplingParams
 from .errors import (
     BackendUnavailable,
@@ -87,6 +88,7 @@ __all__ = [
     "Engine",
     "LLM",
     "SamplingParams",
+    "Logprob",
     # configuration
     "CacheConfig",
     "EngineConfig",

@@ -1,4 +1,4 @@
-"""Command line: ``python -m paged_np {demo,chat,walkthrough,bench,simulate,serve,info}``.
+"""Command line: ``python -m paged_np {demo,chat,walkthrough,bench,simulate,serve,eval,info}``.
 
 Each subcommand lives in its own module and is imported only when asked for,
 so ``python -m paged_np info`` stays fast and never compiles a kernel.
@@ -20,6 +20,8 @@ COMMANDS = {
               "benchmark the attention kernels against bandwidth and PyTorch"),
     "simulate": ("paged_np.cli.simulate", "reproduce the vLLM paper's memory-waste figures"),
     "serve": ("paged_np.cli.serve", "an OpenAI-compatible HTTP server over the engine"),
+    "eval": ("paged_np.cli.eval",
+             "perplexity and KL divergence on text shipped with Python (prompt_logprobs)"),
     "info": ("paged_np.cli.info", "versions, backends and the machine"),
 }
 

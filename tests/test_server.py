@@ -243,7 +243,9 @@ BAD = {
     "missing model": (("/v1/completions", {"prompt": "Hi"}), "model"),
     "empty stop string": (completion(stop=[""]), None),
     "stop not a string": (completion(stop=[3]), "stop"),
-    "logprobs asked for": (completion(logprobs=2), "logprobs"),
+    "logprobs above the limit": (completion(logprobs=21), "logprobs"),
+    "top_logprobs without logprobs": (chat(top_logprobs=2), "top_logprobs"),
+    "top_logprobs above the limit": (chat(logprobs=True, top_logprobs=21), "top_logprobs"),
 }
 
 

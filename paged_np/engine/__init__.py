@@ -2,7 +2,8 @@
 
 Read in this order:
 
-1. :mod:`.sampling` -- :class:`SamplingParams` and how a token is drawn from logits;
+1. :mod:`.sampling` -- :class:`SamplingParams` and how a token is drawn from logits
+   (:mod:`.logprobs`: how likely the model found each token);
 2. :mod:`.outputs` -- what a request returns (vLLM's names);
 3. :mod:`.request` -- the engine's record of a request and the scheduler's of each
    sample, and which object keeps each count;
@@ -16,7 +17,8 @@ Read in this order:
 
 from .engine import Engine
 from .llm import LLM
+from .logprobs import Logprob
 from .outputs import RequestOutput, SampleOutput
 from .sampling import SamplingParams
 
-__all__ = ["Engine", "LLM", "RequestOutput", "SampleOutput", "SamplingParams"]
+__all__ = ["Engine", "LLM", "Logprob", "RequestOutput", "SampleOutput", "SamplingParams"]

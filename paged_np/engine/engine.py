@@ -17,8 +17,8 @@ step, so the batch never waits for its longest member. A step is
 1. **schedule** (:mod:`paged_np.engine.scheduler`): pick each sequence's tokens under
    the seat and token budgets, allocate their slots (asking the cache first,
    preempting when pages run out, admitting waiting requests when they are there);
-2. **build the batch**: concatenate the scheduled tokens, their positions and
-   slots, ``query_start_loc``, and ask the cache for block tables and seq_lens;
+2. **build the batch** (:mod:`.batching`): concatenate the scheduled tokens,
+   their positions and slots, ``query_start_loc``, the block tables and seq_lens;
 3. **run the model** (:meth:`LlamaModel.forward`) over the whole batch;
 4. **post-process**: record the written tokens (``append_tokens``, which
    hashes full pages for prefix reuse), release pages a sliding window has
@@ -53,8 +53,10 @@ from ..cache.kv_cache import PagedKVCache
 from ..checks import as_token_ids, check_int
 from ..config import PREEMPTION_MODES, EngineConfig
 from ..errors import DTypeError, InvalidArgument, UnknownRequest
-from ..models.llama import ForwardBatch, LlamaModel
+from ..models.llama import LlamaModel
 from ..registry import backend_names
+from .batching import build_batch
+from .logprobs import append_sample_logprobs, record_prompt_logprobs
 from .outputs import RequestOutput, SampleOutput
 from .rejection import rejection_sample
 from .request import ParentRequest, Request
@@ -112,6 +114,7 @@ class Engine:
         self._seq_ids = itertools.count()
         self._num_requests = 0
         self._stats = EngineStats()
+        self._logits_listeners: list = []              # add_logits_listener
 
     # ------------------------------------------------------------ requests
     def add_request(self, prompt, params: SamplingParams | None = None, request_id=None,
@@ -130,8 +133,12 @@ class Engine:
             raise InvalidArgument(f"request_id {request_id!r} is already in the engine")
         index = self._num_requests if request_index is None else request_index
         self._num_requests += 1
+        want = params.logprobs is not None               # vLLM: None unless asked for
         out = RequestOutput(request_id, list(prompt),     # the user's copy
-                            [SampleOutput(j) for j in range(params.n)])
+                            [SampleOutput(j, logprobs=[] if want else None,
+                                          cumulative_logprob=0.0 if want else None)
+                             for j in range(params.n)],
+                            prompt_logprobs=None if params.prompt_logprobs is None else [None])
         parent = ParentRequest(request_id, index, prompt, params, out)
         reason = self._never_fits(len(prompt))
         if reason:
@@ -196,7 +203,7 @@ class Engine:
         for req in list(parent.seqs):
             if req.sample.index == index and not req.sample.finished:
                 if num_tokens is not None:
-                    del req.sample.token_ids[check_int("num_tokens", num_tokens, 0):]
+                    req.sample.truncate(check_int("num_tokens", num_tokens, 0))
                 req.sample.stop_reason = stop_reason
                 self._finish_seq(req, reason)
                 return
@@ -246,14 +253,16 @@ class Engine:
         self._record_admissions(sched.admitted)
         for req, reason in sched.failed:
             self._finish_seq(req, "error", reason)
-        batch = self._build_batch(sched.scheduled) if sched.scheduled else None
+        batch, prompt = build_batch(sched.scheduled, self.cache) if sched.scheduled else (
+            None, [])
         t1 = time.perf_counter()
         if batch is not None:
             logits = self.model.forward(batch, self.cache,
                                         backend=self.config.backend)   # [S, V]
         t2 = time.perf_counter()
         if batch is not None:
-            self._postprocess(sched.scheduled, logits)
+            row = record_prompt_logprobs(prompt, logits, self._logits_listeners)  # rows first
+            self._postprocess(sched.scheduled, logits[row:])
         t3 = time.perf_counter()
         self._stats.record_step(t1 - t0, t2 - t1, t3 - t2,
                                 sum(n for _, n, _ in sched.scheduled),
@@ -277,36 +286,6 @@ class Engine:
             elif req.sample.index == 0:                  # the prompt, seen for the first time
                 req.parent.output.num_cached_prompt_tokens = n_hit
                 self._stats.count_prompt(n_known, n_hit)
-
-    def _build_batch(self, scheduled) -> ForwardBatch:
-        """Concatenate the step's tokens (varlen layout) and fetch the block tables."""
-        # One pass in Python over the scheduled sequences, then NumPy on whole arrays.
-        counts, starts, ends, tokens, n_logits = [], [], [], [], []
-        for s, n, _ in scheduled:
-            c = s.num_computed_tokens
-            counts.append(n)                                     # new tokens this step
-            starts.append(c)                                     # first new position
-            drafts = s.spec_token_ids                            # speculation: after the
-            ends.append(s.num_tokens + len(drafts))              # ... input, k drafts
-            tokens += s.tokens(c, c + n - len(drafts)) + drafts
-            n_logits.append(1 + len(drafts))                     # rows if it samples
-        counts = np.array(counts, np.int64)                      # [B]
-        starts = np.array(starts, np.int64)                      # [B]
-        qsl = np.zeros(len(scheduled) + 1, dtype=np.int32)       # [B+1]
-        np.cumsum(counts, out=qsl[1:])
-        T = int(qsl[-1])
-        # Position of token t of sequence b: starts[b] + (t - qsl[b]).
-        positions = np.repeat(starts - qsl[:-1], counts) + np.arange(T)  # [T]
-        slots = np.concatenate([slots for _, _, slots in scheduled])     # [T] int64
-        meta = self.cache.batch([s.seq_id for s, _, _ in scheduled])
-        # Sequences that reach the end of what they know sample a token now: from
-        # their last row, or (drafting) from all 1 + k rows, to verify the drafts.
-        samples = (starts + counts) == np.array(ends, np.int64)  # [B] bool
-        n_logits = np.array(n_logits, np.int64)[samples]         # [B'] rows each
-        logits_indices = (np.repeat(qsl[1:][samples] - n_logits, n_logits)
-                          + _ranges(n_logits))                   # [S] int64
-        return ForwardBatch(np.array(tokens, np.int64), positions, slots, qsl,
-                            meta.block_tables, meta.seq_lens, logits_indices)
 
     def _postprocess(self, scheduled, logits) -> None:
         """Record written tokens, release window pages, sample or verify, fork, finish."""
@@ -335,8 +314,8 @@ class Engine:
             return
         tokens = sample_tokens(logits[rows], [s.parent.params for s in row_seqs],
                                [s.rng for s in row_seqs])        # [S'] int64
-        for req, tok in zip(row_seqs, tokens.tolist()):
-            self._emit(req, [tok])
+        for req, row, tok in zip(row_seqs, rows, tokens.tolist()):
+            self._emit(req, [tok], logits[row:row + 1])
 
     def _verify(self, req: Request, rows: np.ndarray) -> None:
         """Keep the drafts the target model agrees with, roll the cache back to them.
@@ -355,21 +334,49 @@ class Engine:
         self.scheduler.release_outside_window(req)
         self.scheduler.record_drafts(req, len(drafts), accepted)
         self._stats.count_drafts(len(drafts), accepted)
-        self._emit(req, out)
+        self._emit(req, out, rows)
 
-    def _emit(self, req: Request, tokens: list) -> None:
-        """Append a step's tokens to the sample, up to a stop token or ``max_tokens``."""
-        params = req.parent.params
+    def _emit(self, req: Request, tokens: list, rows: np.ndarray) -> None:
+        """Append a step's tokens to the sample, up to a stop token or ``max_tokens``.
+
+        ``rows`` float32 [len(tokens), V]: the logits each token was chosen from
+        (for the logits listeners and ``SamplingParams.logprobs``).
+        """
+        params, sample = req.parent.params, req.sample
+        kept, reason = [], None
         for tok in tokens:
-            req.sample.token_ids.append(tok)                     # the one list of its tokens
-            self._stats.generated_tokens += 1
+            kept.append(tok)
             if tok in params.stop_token_ids:
-                req.sample.stop_reason = tok
-                self._finish_seq(req, "stop")
-                return
-            if len(req.sample.token_ids) >= params.max_tokens:
-                self._finish_seq(req, "length")
-                return
+                reason = "stop"
+                break
+            if len(sample.token_ids) + len(kept) >= params.max_tokens:
+                reason = "length"
+                break
+        pos = req.num_tokens - 1                                 # the row of kept[0]
+        for i, fn in itertools.product(range(len(kept)), self._logits_listeners):
+            fn(req.parent.request_id, sample.index, pos + i, rows[i])
+        if params.logprobs is not None:
+            append_sample_logprobs(sample, rows[:len(kept)], kept, params.logprobs)
+        sample.token_ids += kept                                 # the one list of its tokens
+        self._stats.generated_tokens += len(kept)
+        if reason == "stop":
+            sample.stop_reason = kept[-1]
+        if reason is not None:
+            self._finish_seq(req, reason)
+
+    def add_logits_listener(self, fn) -> None:
+        """Call ``fn(request_id, sample_index, position, logits)`` for each row the model scores.
+
+        ``logits`` is the float32 ``[V]`` row at ``position`` of a sample (the
+        model's raw output, predicting the token at ``position + 1``; a view:
+        copy it to keep it): the row each generated token was chosen from,
+        and, for a request with ``prompt_logprobs``, every prompt position
+        (sample 0), each once. For drawings and comparisons (KL divergence);
+        the logprobs a user reads are ``SamplingParams.logprobs``.
+        """
+        if not callable(fn):
+            raise DTypeError(f"add_logits_listener: fn must be callable, got {type(fn).__name__}")
+        self._logits_listeners.append(fn)
 
     def _fork(self, req: Request) -> list[Request]:
         """After the prompt of an ``n > 1`` request: n - 1 siblings share its pages."""
@@ -433,8 +440,3 @@ class Engine:
         :meth:`EngineStats.snapshot <paged_np.engine.stats.EngineStats.snapshot>`."""
         return self._stats.snapshot(self.scheduler, self.cache)
 
-
-def _ranges(counts: np.ndarray) -> np.ndarray:
-    """``[0..counts[0]), [0..counts[1]), ...`` concatenated: int64 [sum(counts)]."""
-    ends = np.cumsum(counts)                                     # [B']
-    return np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - counts, counts)

@@ -64,6 +64,7 @@ from ..checks import check_int
 from ..config import EngineConfig
 from ..errors import DTypeError, InvalidArgument, UnknownRequest
 from .engine import Engine
+from .logprobs import fill_decoded
 from .outputs import RequestOutput
 from .sampling import SamplingParams
 
@@ -83,6 +84,8 @@ class _TextState:
         self.ended = [False for _ in detoks]  # whether a sample's end was reported
         self.stops = stops
         self.hold = max((len(s) for s in stops), default=1) - 1
+        self.decoded = [0 for _ in range(len(detoks) + 1)]  # logprob entries decoded:
+                                              # the prompt's, then each sample's
 
 
 class LLM:
@@ -329,7 +332,7 @@ class LLM:
                     ts.full[j] = ts.full[j][:pos]
                     if sample.finished:            # ended by the engine this very step:
                         sample.finish_reason, sample.stop_reason = "stop", stop  # text wins
-                        del sample.token_ids[ts.seen[j]:]    # (speculation: tokens past it)
+                        sample.truncate(ts.seen[j])          # (speculation: tokens past it)
                     else:                          # keep no token past the stop's
                         self.engine.finish_sample(rid, j, "stop", stop_reason=stop,
                                                   num_tokens=ts.seen[j])
@@ -340,7 +343,16 @@ class LLM:
             visible = ts.full[j] if sample.finished else ts.full[j][:held]  # shows nothing)
             if len(visible) > len(sample.text):
                 sample.text = visible
+        self._decode_logprobs(ts)
         return moved
+
+    def _decode_logprobs(self, ts: _TextState) -> None:
+        """Give the logprob entries recorded since the last step their ``decoded_token``."""
+        lists = [ts.output.prompt_logprobs] + [s.logprobs for s in ts.output.samples]
+        for j, entries in enumerate(lists):
+            if entries is not None and len(entries) > ts.decoded[j]:
+                fill_decoded(entries[ts.decoded[j]:], self.tokenizer)
+                ts.decoded[j] = len(entries)
 
     @staticmethod
     def _find_stop(ts: _TextState, text: str, old: int):
@@ -355,8 +367,12 @@ class LLM:
     @staticmethod
     def _snapshot(output: RequestOutput) -> RequestOutput:
         out = copy.copy(output)
-        out.samples = [dataclasses.replace(s, token_ids=list(s.token_ids)) for s in output.samples]
+        out.samples = [dataclasses.replace(
+            s, token_ids=list(s.token_ids),
+            logprobs=None if s.logprobs is None else list(s.logprobs)) for s in output.samples]
         out.prompt_token_ids = list(output.prompt_token_ids)
+        if output.prompt_logprobs is not None:
+            out.prompt_logprobs = list(output.prompt_logprobs)
         return out
 
     def abort(self, request_id) -> None:

@@ -12,7 +12,14 @@ token, kept in ``token_ids``, or a stop string: :class:`paged_np.LLM`),
 pages than the whole cache holds; ``out.error`` says why).
 
 The engine works on token ids and leaves the text fields empty;
-:class:`paged_np.LLM` fills ``prompt`` and each sample's ``text``.
+:class:`paged_np.LLM` fills ``prompt`` and each sample's ``text`` (and the
+``decoded_token`` of each :class:`~paged_np.engine.logprobs.Logprob`).
+
+Logprobs (``SamplingParams.logprobs`` / ``prompt_logprobs``, see
+:mod:`paged_np.engine.logprobs`): ``sample.logprobs`` holds one
+``{token_id: Logprob}`` per generated token and ``sample.cumulative_logprob``
+their sum; ``out.prompt_logprobs`` is ``[None, {...}, ...]``, one per prompt
+token. Each is None when not asked for, as in vLLM.
 """
 
 from __future__ import annotations
@@ -31,6 +38,18 @@ class SampleOutput:
     text: str = ""
     #: What stopped it: the stop string, or the stop token id; None otherwise.
     stop_reason: object = None
+    #: One ``{token_id: Logprob}`` per generated token (``SamplingParams.logprobs``), or None.
+    logprobs: list | None = None
+    #: The sum of the generated tokens' logprobs (None without ``logprobs``).
+    cumulative_logprob: float | None = None
+
+    def truncate(self, num_tokens: int) -> None:
+        """Keep the first ``num_tokens`` generated tokens (and their logprobs)."""
+        del self.token_ids[num_tokens:]
+        if self.logprobs is not None:
+            del self.logprobs[num_tokens:]
+            self.cumulative_logprob = float(sum(
+                d[t].logprob for d, t in zip(self.logprobs, self.token_ids)))
 
     @property
     def finished(self) -> bool:
@@ -49,6 +68,9 @@ class RequestOutput:
     num_cached_prompt_tokens: int = 0
     #: The prompt's text (filled by :class:`paged_np.LLM` for text prompts).
     prompt: str | None = None
+    #: ``[None, {token_id: Logprob}, ...]``, one per prompt token
+    #: (``SamplingParams.prompt_logprobs``), or None.
+    prompt_logprobs: list | None = None
 
     @property
     def outputs(self) -> list:

@@ -1,7 +1,8 @@
 """Sampling: how the next token is chosen from a row of logits.
 
 :class:`SamplingParams` holds vLLM's usual knobs (``temperature``, ``top_k``,
-``top_p``, ``seed``, ``max_tokens``, ``stop_token_ids``, ``n``). The choice
+``top_p``, ``seed``, ``max_tokens``, ``stop_token_ids``, ``n``, and the
+``logprobs`` to report: :mod:`paged_np.engine.logprobs`). The choice
 itself is made by :func:`sample_tokens`:
 
 - ``temperature == 0`` is **greedy**: the argmax, taken for every greedy row
@@ -77,6 +78,12 @@ class SamplingParams:
         contains one; the text is cut before it. Applied by
         :class:`paged_np.LLM`, which detokenizes (the engine sees ids only).
     ignore_eos : keep generating past the tokenizer's EOS (:class:`paged_np.LLM`).
+    logprobs : int >= 0, -1 or None; for each generated token, its log
+        probability and the ``logprobs`` most likely tokens (``-1``: all), in
+        ``SampleOutput.logprobs`` (see :mod:`paged_np.engine.logprobs`).
+    prompt_logprobs : int >= 0, -1 or None; the same for every prompt token,
+        in ``RequestOutput.prompt_logprobs``. The request then computes its
+        whole prompt (no prefix-cache hits until its logprobs are recorded).
     """
 
     max_tokens: int = 16
@@ -88,6 +95,8 @@ class SamplingParams:
     n: int = 1
     stop: tuple | None = None
     ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -115,6 +124,9 @@ class SamplingParams:
             raise DTypeError(f"SamplingParams.ignore_eos must be a bool, got "
                              f"{type(self.ignore_eos).__name__}")
         set_(self, "ignore_eos", bool(self.ignore_eos))
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:          # -1: the whole vocabulary
+                set_(self, name, check_int(f"SamplingParams.{name}", getattr(self, name), -1))
 
     @property
     def greedy(self) -> bool:

@@ -59,6 +59,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from .logprobs import servable_prefix
 from .request import FINISHED, RUNNING, SWAPPED, WAITING, Request
 from .schedule_policy import MAX_SKIPS, admission_order
 from .spec_decode import DraftBackoff, NgramProposer
@@ -263,10 +264,16 @@ class Scheduler:
         whose K/V it had may be served: the one left to compute is the next one
         anyway. Had its last swapped page been recomputed instead, the radix tree
         (which still holds that run) would pin its cached copy under the request,
-        a page no ``can_allocate`` before the swap-in could have counted.
+        a page no ``can_allocate`` before the swap-in could have counted. A
+        request still scoring its prompt (``prompt_logprobs``) gives only the
+        prefix it has scored.
         """
         n = self._num_known(req)
-        return req.tokens(0, min(n + 1, req.num_tokens) if req.status == SWAPPED else n)
+        n = min(n + 1, req.num_tokens) if req.status == SWAPPED else n
+        # prompt_logprobs: the cache may serve only positions already scored (a new
+        # request: none, as vLLM skips the prefix cache for it; a recomputed one:
+        # what it scored before), so that every prompt token is scored once.
+        return req.tokens(0, min(n, servable_prefix(req)))
 
     def _admit(self, req: Request, budget: int):
         """Put ``req`` in the cache and size its first chunk.

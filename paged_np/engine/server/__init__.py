@@ -35,13 +35,15 @@ How it is built (vLLM's shape, in one process):
 
 The files, in reading order: :mod:`.schemas` (request bodies and errors),
 :mod:`.loop` (the engine loop), :mod:`.app` (the handlers, ``serve`` and
-``ServerThread``), :mod:`.metrics` (``/metrics``), :mod:`.cache_view` (the
-cache's JSON and its schema), :mod:`.cache_routes` (its two routes),
+``ServerThread``), :mod:`.responses` (the bodies they send) and
+:mod:`.logprobs_view` (logprobs in OpenAI's shapes), :mod:`.metrics`
+(``/metrics``), :mod:`.cache_view` (the cache's JSON and its schema),
+:mod:`.cache_routes` (its two routes),
 :mod:`.dashboard` (the page), :mod:`.auth` (``--api-key``).
 
 Compared with vLLM: the engine runs in a thread of the server's process
-(vLLM runs it in its own process and talks over ZeroMQ); no tools, logprobs,
-``echo`` or embeddings; one model per server.
+(vLLM runs it in its own process and talks over ZeroMQ); no tools, ``echo``
+(nor vLLM's ``prompt_logprobs`` field) or embeddings; one model per server.
 """
 
 from .app import Server, ServerThread, create_app, serve

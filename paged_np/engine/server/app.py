@@ -24,8 +24,9 @@ from ..sampling import SamplingParams
 from .auth import APIKeyMiddleware
 from .cache_routes import add_cache_routes
 from .dashboard import router as dashboard_router
-from .loop import EngineLoop, Update
+from .loop import EngineLoop
 from .metrics import ServerMetrics
+from .responses import final_body, stream_events
 from .schemas import APIError, ChatCompletionRequest, CompletionRequest, validation_error
 
 
@@ -93,9 +94,19 @@ class Server:
         try:
             return SamplingParams(max_tokens=max_tokens, temperature=req.temperature,
                                   top_p=req.top_p, seed=req.seed, n=req.n, stop=req.stop,
-                                  ignore_eos=req.ignore_eos)
+                                  ignore_eos=req.ignore_eos, logprobs=self.num_logprobs(req))
         except PagedNPError as e:                        # e.g. an empty stop string
             raise APIError(400, str(e), None, "invalid_value") from None
+
+    @staticmethod
+    def num_logprobs(req) -> int | None:
+        """The engine's ``logprobs`` (top k) for a request, or None (OpenAI's two spellings)."""
+        if isinstance(req, ChatCompletionRequest):
+            if req.top_logprobs is not None and not req.logprobs:
+                raise APIError(400, "top_logprobs: needs logprobs set to true", "top_logprobs",
+                               "invalid_value")
+            return (req.top_logprobs or 0) if req.logprobs else None
+        return req.logprobs
 
     def submit(self, req, prompt_ids, params, prefix) -> tuple[str, asyncio.Queue]:
         if self.loop.stopping:
@@ -105,13 +116,6 @@ class Server:
         q: asyncio.Queue = asyncio.Queue()
         self.loop.submit(rid, prompt_ids, params, asyncio.get_running_loop(), q)
         return rid, q
-
-
-def _usage(u: Update) -> dict:
-    completion = sum(u.num_tokens)
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": completion,
-            "total_tokens": u.prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
 def create_app(llm, served_model_name: str | None = None, max_n: int | None = None,
@@ -223,7 +227,8 @@ def create_app(llm, served_model_name: str | None = None, max_n: int | None = No
         base = {"id": rid, "created": created, "model": srv.model_name}
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            gen = _stream(results(request, rid, q), base, chat, req.n, include_usage)
+            gen = stream_events(results(request, rid, q), base, chat, req.n, include_usage,
+                          params.logprobs)
             return StreamingResponse(gen, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         last = None
@@ -234,16 +239,7 @@ def create_app(llm, served_model_name: str | None = None, max_n: int | None = No
         if last.error is not None:
             raise APIError(last.status, last.error, None, "engine_error",
                            "invalid_request_error" if last.status == 400 else "server_error")
-        if chat:
-            choices = [{"index": j, "message": {"role": "assistant", "content": t},
-                        "logprobs": None, "finish_reason": r}
-                       for j, (t, r) in enumerate(zip(last.texts, last.finish_reasons))]
-            obj = "chat.completion"
-        else:
-            choices = [{"index": j, "text": t, "logprobs": None, "finish_reason": r}
-                       for j, (t, r) in enumerate(zip(last.texts, last.finish_reasons))]
-            obj = "text_completion"
-        return {**base, "object": obj, "choices": choices, "usage": _usage(last)}
+        return {**base, **final_body(last, chat, req.n, params.logprobs)}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -254,58 +250,6 @@ def create_app(llm, served_model_name: str | None = None, max_n: int | None = No
         return await handle(request, CompletionRequest, "cmpl", chat=False)
 
     return app
-
-
-async def _stream(updates, base, chat, n, include_usage):
-    """Server-sent events: one chunk per sample per update, then ``data: [DONE]``."""
-    obj = "chat.completion.chunk" if chat else "text_completion"
-    sent = [0] * n                                       # characters sent, per sample
-    finished = [False] * n
-
-    def chunk(choices, usage=None):
-        body = {**base, "object": obj, "choices": choices}
-        if include_usage:
-            body["usage"] = usage
-        return f"data: {json.dumps(body)}\n\n"
-
-    last = None
-    try:
-        if chat:                                         # OpenAI opens with the role
-            yield chunk([{"index": j, "delta": {"role": "assistant", "content": ""},
-                          "logprobs": None, "finish_reason": None} for j in range(n)])
-        async for u in updates:
-            last = u
-            if u.error is not None:
-                err = APIError(u.status, u.error, None, "engine_error", "server_error")
-                yield f"data: {json.dumps(err.body())}\n\n"
-                break
-            choices = []
-            for j in range(n):
-                if finished[j]:
-                    continue
-                # The LLM's text never takes back what it showed: it holds back the
-                # start of a possible stop string until it knows.
-                text, reason = u.texts[j], u.finish_reasons[j]
-                delta = text[sent[j]:]
-                sent[j] = max(sent[j], len(text))
-                if not delta and reason is None:
-                    continue
-                finished[j] = reason is not None
-                if chat:
-                    choices.append({"index": j, "delta": {"content": delta} if delta else {},
-                                    "logprobs": None, "finish_reason": reason})
-                else:
-                    choices.append({"index": j, "text": delta, "logprobs": None,
-                                    "finish_reason": reason})
-            if choices:
-                yield chunk(choices)
-        if include_usage and last is not None and last.error is None:
-            yield chunk([], _usage(last))
-        yield "data: [DONE]\n\n"
-    finally:
-        # A client gone mid-stream closes this generator: close the inner one
-        # now (not at garbage collection), so its request is aborted at once.
-        await updates.aclose()
 
 
 def serve(llm, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,

@@ -19,6 +19,8 @@ class Update:
 
     ``texts[j]``, ``num_tokens[j]`` and ``finish_reasons[j]`` describe sample
     ``j``; ``error`` is set when the engine failed this request (HTTP 500).
+    With ``SamplingParams.logprobs``, ``token_ids[j]`` and ``logprobs[j]`` hold
+    sample ``j``'s tokens and their ``{token_id: Logprob}`` dicts (else empty).
     """
 
     texts: tuple
@@ -28,6 +30,8 @@ class Update:
     cached_tokens: int
     error: str | None = None
     status: int = 500
+    token_ids: tuple = ()
+    logprobs: tuple = ()
 
     @property
     def finished(self) -> bool:
@@ -292,11 +296,14 @@ class EngineLoop:
 def _snapshot(out) -> Update:
     """An immutable copy of a RequestOutput (the engine thread keeps mutating its own)."""
     outs = out.outputs
+    scored = all(o.logprobs is not None for o in outs)           # SamplingParams.logprobs
     return Update(tuple(o.text for o in outs), tuple(len(o.token_ids) for o in outs),
                   tuple(o.finish_reason for o in outs), len(out.prompt_token_ids),
                   int(getattr(out, "num_cached_tokens", 0) or 0),
                   getattr(out, "error", None) if any(o.finish_reason == "error" for o in outs)
-                  else None)
+                  else None,
+                  token_ids=tuple(tuple(o.token_ids) for o in outs) if scored else (),
+                  logprobs=tuple(tuple(o.logprobs) for o in outs) if scored else ())
 
 
 def _deliver(items) -> None:

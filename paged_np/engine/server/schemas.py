@@ -1,12 +1,20 @@
 """The request bodies of the OpenAI-compatible server: OpenAI's field names, types and
 ranges as pydantic models, and errors in OpenAI's shape. Fields the server does not
-implement are refused by name rather than silently ignored."""
+implement are refused by name rather than silently ignored.
+
+Logprobs follow OpenAI's two spellings: chat takes ``logprobs: bool`` and
+``top_logprobs: int``; completions take ``logprobs: int`` (the top ``k``, plus
+the sampled token). Both allow up to :data:`MAX_LOGPROBS` (vLLM's default
+``max_logprobs``; OpenAI's own limits are 20 and 5)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+
+#: The most top logprobs a request may ask for (vLLM's default ``max_logprobs``).
+MAX_LOGPROBS = 20
 
 
 class ChatMessage(BaseModel):
@@ -32,19 +40,21 @@ class _SamplingFields(BaseModel):
     n: StrictInt = Field(default=1, ge=1)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    logprobs: None = None                   # not implemented: anything but null is refused
     ignore_eos: StrictBool = False          # vLLM's extra: generate max_tokens whatever comes
 
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)  # OpenAI's newer name
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
 
 class CompletionRequest(_SamplingFields):
     prompt: StrictStr | list[StrictInt]
     max_tokens: StrictInt | None = Field(default=16, ge=1)      # OpenAI's default here
     echo: Literal[False] = False
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
 
 class APIError(Exception):

@@ -1,0 +1,122 @@
+"""``python -m paged_np eval``: perplexity and KL divergence of the served model on real text.
+
+::
+
+    python -m paged_np eval                                  # SmolLM2, 2048 tokens
+    python -m paged_np eval --num-tokens 256 --model tiny-random
+    python -m paged_np eval --sweep page_size=8,32 --sweep max_num_batched_tokens=64
+    python -m paged_np eval --json out.json                  # the numbers, for a table
+
+The text is a chapter of the Python Language Reference that ships with
+Python (``pydoc_data``; :mod:`paged_np.engine.perplexity` says which and
+why), served as one prompt with ``prompt_logprobs``. The first run is the
+**reference**: the engine flags given, with float32 KV. Each ``--sweep
+FIELD=V1,V2`` adds one run per value, that :class:`~paged_np.EngineConfig`
+field replaced (any field: a new one, such as a KV dtype, needs no change
+here); a run's perplexity change and KL divergence are against the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from .options import add_engine_args, engine_config
+from .serve import TINY_MODEL, tiny_model
+
+#: The eval's own defaults for engine options (the rest are EngineConfig's).
+EVAL_DEFAULTS = {"max_num_batched_tokens": 512}
+#: What makes a config the reference, for the fields this EngineConfig has:
+#: float32 KV pages (vLLM's ``kv_cache_dtype="auto"`` for a float32 model).
+REFERENCE = {"kv_cache_dtype": "auto"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ..engine.perplexity import EVAL_TOKENS
+
+    ap = argparse.ArgumentParser(prog="python -m paged_np eval",
+                                 description="Perplexity (through prompt_logprobs) and KL "
+                                             "divergence against float32 KV, on text that "
+                                             "ships with Python.")
+    ap.add_argument("--model", default="smollm2-135m-instruct",
+                    help=f"known name, .gguf file, Hugging Face directory, or {TINY_MODEL!r}")
+    ap.add_argument("--num-tokens", type=int, default=EVAL_TOKENS,
+                    help=f"tokens of the text to score (default: {EVAL_TOKENS})")
+    ap.add_argument("--sweep", action="append", default=[], metavar="FIELD=V1,V2",
+                    help="one run per value of an EngineConfig field (repeatable)")
+    ap.add_argument("--json", default=None, metavar="PATH", help="also write the results here")
+    add_engine_args(ap, defaults=EVAL_DEFAULTS)
+    return ap
+
+
+def runs_from_args(args, parser) -> list:
+    """The runs to evaluate: the reference, the flags' config if it differs, then sweeps."""
+    from ..config import EngineConfig
+    from ..engine.perplexity import EvalRun
+    from ..errors import PagedNPError
+
+    base = engine_config(args, parser)
+    fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    ref = dataclasses.replace(base, **{k: v for k, v in REFERENCE.items() if k in fields})
+    runs = [EvalRun("reference", ref)]
+    if base != ref:
+        runs.append(EvalRun("flags", base))
+    for spec in args.sweep:
+        name, _, values = spec.partition("=")
+        name = name.strip().replace("-", "_")
+        if name not in fields or not values:
+            parser.error(f"--sweep {spec!r}: expected FIELD=V1,V2 with FIELD one of "
+                         f"{sorted(fields)}")
+        for v in values.split(","):
+            try:
+                config = dataclasses.replace(base, **{name: _value(fields[name], v.strip())})
+            except (PagedNPError, ValueError) as e:
+                parser.error(f"--sweep {spec!r}: {e}")
+            runs.append(EvalRun(f"{name}={v.strip()}", config))
+    return runs
+
+
+def _value(field, text: str):
+    """A sweep value as its field's type (int, bool or str, as the flags read it)."""
+    if isinstance(field.default, bool):
+        return text.lower() in ("1", "true", "yes", "on")
+    if isinstance(field.default, int) or field.name == "num_pages":
+        return int(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..engine.perplexity import eval_text_info, eval_token_ids, evaluate, format_table
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    runs = runs_from_args(args, parser)          # a refused option exits here, before loading
+    if args.num_tokens < 2:
+        parser.error(f"--num-tokens: perplexity needs at least 2 tokens, got {args.num_tokens}")
+    if args.model == TINY_MODEL:
+        model, tok = tiny_model()
+    else:
+        from ..models import load_model
+
+        model, tok = load_model(args.model)
+    ids = eval_token_ids(tok, args.num_tokens)
+    info = {**eval_text_info(), "num_tokens": len(ids), "model": args.model}
+    print(f"model {args.model}; scoring {len(ids)} tokens of {info['source']}", flush=True)
+    from ..errors import PagedNPError
+
+    try:
+        evaluate(model, ids[:8], runs[:1])       # warm-up: the first run's time is not a JIT's
+        results = evaluate(model, ids, runs)
+    except PagedNPError as e:                    # e.g. a cache too small for the slice
+        print(f"eval: {e}", file=sys.stderr)
+        return 1
+    print(format_table(results, info))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"text": info, "runs": [
+                {**dataclasses.asdict(r), "pages_per_mib": r.pages_per_mib,
+                 "config": dataclasses.asdict(run.config)} for r, run in zip(results, runs)]},
+                f, indent=1, default=str)
+    return 0
