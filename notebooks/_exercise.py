@@ -139,6 +139,24 @@ def check(name: str, answers: dict, expected: dict, hints, done: str = "",
     print(f"Exercise {name}: right! {done}".rstrip())
 
 
+def _where(got, want) -> str:
+    """Where two sequences first differ, when that is not plain from the short forms."""
+    try:
+        g, w = np.asarray(got), np.asarray(want)
+        if g.ndim != 1 or w.ndim != 1 or g.dtype.kind not in "biuf":
+            return ""
+        n = min(len(g), len(w))
+        bad = [j for j in range(n) if not np.isclose(g[j], w[j])]
+        j = bad[0] if bad else n
+        if j >= n and len(g) == len(w):
+            return ""
+        mine = _show(g[j]) if j < len(g) else "nothing"
+        theirs = _show(w[j]) if j < len(w) else "nothing"
+        return f" (first difference at index {j}: yours {mine}, the package {theirs})"
+    except Exception:
+        return ""
+
+
 def check_function(name: str, fn, oracle, cases, hints: str = "", done: str = "",
                    atol: float = 1e-9, rtol: float = 1e-7, describe=None) -> None:
     """Run the learner's ``fn`` and the package's ``oracle`` on every case; print one line.
@@ -183,8 +201,8 @@ def check_function(name: str, fn, oracle, cases, hints: str = "", done: str = ""
             what = (describe(*args) if describe else
                     ", ".join(_show(a, 40) for a in args))
             print(f"Exercise {name}: not right yet: case {i + 1} of {len(cases)} ({what}): "
-                  f"yours gives {_show(got)}, the package {_show(want)}. Hint: {hints}"
-                  .rstrip())
+                  f"yours gives {_show(got)}, the package {_show(want)}{_where(got, want)}. "
+                  f"Hint: {hints}".rstrip())
             return
     print(f"Exercise {name}: right! {len(cases)} random cases agree with the package. "
           f"{done}".rstrip())

@@ -83,6 +83,7 @@ def test_check_function_reports_not_done_first_difference_and_right(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "Exercise f: not done yet (write the body of blank, then run this cell again)"
     assert out[1] == ("Exercise f: not right yet: case 2 of 3 ([5, 4, 6, 7]): yours gives "
-                      "[4, 5], the package [4]. Hint: the smallest")
+                      "[4, 5], the package [4] (first difference at index 1: yours 5, the package "
+                      "nothing). Hint: the smallest")
     assert out[2] == "Exercise f: right! 3 random cases agree with the package. ok"
     assert out[3].startswith("Exercise f: not right yet: case 1 of 3") and "IndexError" in out[3]
