@@ -158,7 +158,8 @@ def _where(got, want) -> str:
 
 
 def check_function(name: str, fn, oracle, cases, hints: str = "", done: str = "",
-                   atol: float = 1e-9, rtol: float = 1e-7, describe=None) -> None:
+                   atol: float = 1e-9, rtol: float = 1e-7, describe=None,
+                   blank: str | None = None) -> None:
     """Run the learner's ``fn`` and the package's ``oracle`` on every case; print one line.
 
     The package is the oracle: ``cases`` is a list of argument tuples (random ones,
@@ -187,19 +188,21 @@ def check_function(name: str, fn, oracle, cases, hints: str = "", done: str = ""
         Tolerances for numbers and arrays (a tuple of results is compared item by item).
     describe : callable, optional
         ``describe(*args) -> str``: a short account of a case (default: its arguments).
+    blank : str, optional
+        What the learner has still to write, for "not done yet" (default: the body of
+        ``fn``).
     """
     cases = list(cases)
     for i, args in enumerate(cases):
         got = attempt(fn, *copy.deepcopy(args))
         if got is None:
-            label = getattr(fn, "__name__", "the function")
-            print(f"Exercise {name}: not done yet (write the body of {label}, "
-                  f"then run this cell again)")
+            label = blank or f"the body of {getattr(fn, '__name__', 'the function')}"
+            print(f"Exercise {name}: not done yet (write {label}, then run this cell again)")
             return
         want = oracle(*copy.deepcopy(args))
         if not same(got, want, atol, rtol):
             what = (describe(*args) if describe else
-                    ", ".join(_show(a, 40) for a in args))
+                    ", ".join(_show(a, max(40, 160 // len(args))) for a in args))
             print(f"Exercise {name}: not right yet: case {i + 1} of {len(cases)} ({what}): "
                   f"yours gives {_show(got)}, the package {_show(want)}{_where(got, want)}. "
                   f"Hint: {hints}".rstrip())

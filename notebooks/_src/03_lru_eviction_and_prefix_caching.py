@@ -395,6 +395,7 @@ check_function("3d", lambda prompts: evictions(MyLFU, prompts),
                lambda prompts: evictions(pnp.LFUPolicy, prompts),
                [([random_prompt() for _ in range(12)],) for _ in range(20)],
                describe=lambda prompts: f"12 prompts starting {prompts[0][:6]}...",
+               blank="MyLFU.priority",
                hints="return a tuple: Python compares tuples item by item, so "
                      "(entry.hit_count, entry.last_access_time) sorts by hits, then age.",
                done="Any sortable key makes a policy: the capstone asks you to design one "
