@@ -23,7 +23,7 @@ import copy
 
 import numpy as np
 
-__all__ = ["check", "check_function", "attempt", "is_blank"]
+__all__ = ["check", "check_function", "attempt", "is_blank", "Raised"]
 
 
 class Raised:
