@@ -559,5 +559,23 @@ check("5b", dict(written_after=written_after, freed=freed),
 # (`"num_speculative_tokens": 8`), or a prompt that does not repeat itself, and watch
 # the acceptance.
 #
+# ## Self-check
+#
+# 1. A step's token budget is 32; a running decode and a waiting 40-token prompt. What
+#    does the step compute?
+#    <details><summary>answer</summary>The decode's 1 token and a 31-token chunk of the
+#    prompt (chunked prefill); the prompt's last 9 tokens come next step.</details>
+# 2. Why preempt the newest running request rather than the one that needs the page?
+#    <details><summary>answer</summary>The newest has done the least work, so
+#    recomputing it later wastes the least; the oldest finish first and free their
+#    pages.</details>
+# 3. Recompute or swap: which repeats compute, and which moves bytes?
+#    <details><summary>answer</summary>Recompute drops the KV and prefills again (partly
+#    saved by prefix hits on its own cached pages); swap copies the pages to host memory
+#    and back, computing nothing twice.</details>
+# 4. Does a bigger batch share the KV reads of a decode step?
+#    <details><summary>answer</summary>No: each sequence reads its own KV. It shares the
+#    weights' read, once per step for the whole batch.</details>
+#
 # **Next:** notebook 6 makes the attention kernel fast with Numba and asks how fast it can
 # be.

@@ -282,3 +282,24 @@ if mine is not None and not isinstance(mine, Raised):         # right or not, ti
     fig = viz.draw_roofline(points[:2] + [{"label": "yours (NHD)", "flops": flops,
                                            "bytes": kv_bytes, "seconds": t_mine}],
                             peak_bandwidth=bandwidth, peak_flops=peak)
+
+# %% [markdown]
+# ## Self-check
+#
+# 1. What is the arithmetic intensity of float32 decode with 32 query heads and 8 kv
+#    heads, and is it left or right of a CPU's ridge point?
+#    <details><summary>answer</summary>32 / (2 * 8) = 2 FLOP/byte: far left of a ridge
+#    point of several FLOP per byte, so memory-bound.</details>
+# 2. What moves a kernel to the right on the roofline?
+#    <details><summary>answer</summary>More FLOPs per byte read: more query heads per kv
+#    head (GQA, MQA), fewer bytes per value (float16, 8-bit), or many queries per key (a
+#    prefill chunk).</details>
+# 3. Why does the package store pages HND?
+#    <details><summary>answer</summary>A kernel reads one kv head at a time; in HND that
+#    head's page is one contiguous `page_size x head_dim` run the prefetcher can stream.
+#    </details>
+# 4. Your NHD kernel ran slower than the package's. Name two reasons other than layout.
+#    <details><summary>answer</summary>One key at a time with an `exp` per key (the
+#    package scores a block of keys and rescales once per block) and no tiling of rows
+#    into vector registers; and each query head re-reads its kv head's keys instead of
+#    the group sharing one read.</details>
