@@ -14,7 +14,16 @@
 # 3. a per-sequence **block table** says which page holds which stretch of tokens, and a
 #    **slot** number says where one token's K and V live.
 #
-# Everything below calls `paged_np`; nothing is re-implemented.
+# Everything below calls `paged_np`; nothing is re-implemented, except in the exercises,
+# where you write pieces of it yourself and the package checks them.
+#
+# **What you need:** Python and NumPy (indexing, `np.sum`, integer division); what a
+# transformer's attention computes, roughly (a query compared with every earlier key).
+# No GPU, no model download.
+#
+# **What you will be able to do:** size a request's pages and find any token's slot by
+# hand; say how much memory contiguous reservation and paging waste; write the
+# allocator's `allocate_slots` on a free list yourself, checked against the package's.
 
 # %%
 import copy
@@ -24,7 +33,7 @@ import matplotlib.pyplot as plt
 
 import paged_np as pnp
 from paged_np import viz
-from _exercise import attempt, check      # notebooks/_exercise.py: checks your answers
+from _exercise import attempt, check, check_function  # notebooks/_exercise.py
 
 rng = np.random.default_rng(0)
 
@@ -205,10 +214,16 @@ assert list(indices[indptr[1]:indptr[2]]) == list(cache.block_table("B"))
 # Replace each `None` with your answer, run the cell, then run the check below it. The
 # check runs D through a copy of the cache, so you can run it as often as you like.
 
+# The free list is a **stack** (last in, first out): a page given back goes on top and is
+# the next one handed out. So far nothing has been given back, and a fresh stack holds
+# the pages so that page 0 comes out first: the free pages come out in increasing order
+# *for now*. After a request finishes, its pages come out first, in whatever order it
+# freed them (exercise 1c).
+
 # %%
 d_prompt = list(range(300, 309))
 next_free = sorted(p for p in range(cfg.num_pages) if cache.pool.state(p) == "free")
-print("free pages, in the order the allocator hands them out:", next_free)
+print("free pages (nothing freed yet, so they come out in this order):", next_free)
 
 # %% exercise 1a
 n_pages = None          # pages D needs
@@ -262,6 +277,83 @@ check("1b", {"waste_fraction": None if None in got else got},
 # %% [markdown]
 # Small pages waste less but make the kernel's reads shorter and the tables longer;
 # vLLM uses 16 tokens by default. Notebook 6 measures what the page size does to speed.
+#
+# ## Exercise 1c: write `allocate_slots` yourself
+#
+# Now the allocator's central call. A sequence has `num_tokens` tokens written, in the
+# pages of its `block_table`; it asks for the slots of its next `n` tokens. Fill the last
+# page first; when it is full, take a page from the top of the free list (`free.pop()`:
+# the list's end is the top of the stack) and append it to the block table. Return the
+# `n` slots as a list of ints; change `free` and `block_table` in place, as the allocator
+# does.
+#
+# The check builds 20 random states in a real `PagedKVCache` (a free list scrambled by
+# requests that finished in a random order, a sequence part-way through its last page),
+# runs your function and the package's `allocate_slots` on each, and shows the first
+# case where they differ. (The package's version also evicts cached pages and copies
+# shared ones, notebooks 3 and 4; these cases need neither.)
+
+# %% exercise 1c
+def allocate_slots(free, block_table, num_tokens, n, page_size):
+    """Slots of tokens num_tokens .. num_tokens + n - 1; pops pages off `free` as needed.
+
+    free: list of page ids, the top of the stack last; block_table: list of page ids.
+    Returns a list of n ints.
+    """
+    raise NotImplementedError        # your code here (about six lines)
+
+# %% check 1c
+def package_allocate_slots(free, block_table, num_tokens, n, page_size):
+    """The same state built in a real cache through its public calls; its answer."""
+    N = max(free + block_table) + 1
+    c = pnp.PagedKVCache(pnp.CacheConfig(num_pages=N, page_size=page_size, head_dim=4),
+                         record_events=False)
+    for p in range(N):                   # one one-token request per page: page p is "f{p}"'s
+        c.add_sequence(f"f{p}", [1000 + p]); c.allocate_slots(f"f{p}", 1)
+    for p in reversed(block_table):      # freed last-first, so they come out in order
+        c.free(f"f{p}")
+    c.add_sequence("s", list(range(num_tokens)))
+    c.allocate_slots("s", num_tokens); c.append_tokens("s", list(range(num_tokens)))
+    assert list(c.block_table("s")) == list(block_table)
+    for p in free:                       # the free list, bottom of the stack first
+        c.free(f"f{p}")
+    return [int(x) for x in c.allocate_slots("s", n)]
+
+
+def random_case(r, page_size=4):
+    pages = [int(p) for p in r.permutation(12)]
+    num_tokens = int(r.integers(1, 3 * page_size))
+    held = -(-num_tokens // page_size)               # pages the sequence holds
+    return (pages[held:held + int(r.integers(3, 8))], pages[:held], num_tokens,
+            int(r.integers(1, 2 * page_size + 2)), page_size)
+
+
+r = np.random.default_rng(1)
+check_function("1c", allocate_slots, package_allocate_slots,
+               [random_case(r) for _ in range(20)],
+               describe=lambda free, bt, t, n, P: f"free={free}, block_table={bt}, "
+                                                  f"num_tokens={t}, n={n}, P={P}",
+               hints="token t goes to block_table[t // P] at offset t % P; before writing "
+                     "token t, if t // P == len(block_table), pop a page first.",
+               done="That is the allocator of vLLM's block manager, minus eviction and "
+                    "copy-on-write.")
+
+# %% [markdown]
+# ## Self-check
+#
+# 1. A request of 100 tokens with pages of 16: how many pages, and how many slots wasted?
+#    <details><summary>answer</summary>7 pages (ceil(100 / 16)); 7 * 16 - 100 = 12 slots,
+#    all in the last page.</details>
+# 2. Token 37 of a sequence whose block table is `[9, 2, 5]`, pages of 16: its slot?
+#    <details><summary>answer</summary>37 // 16 = 2, so page 5, offset 37 % 16 = 5:
+#    slot 5 * 16 + 5 = 85.</details>
+# 3. Why must a sequence's pages not be neighbours in the arena?
+#    <details><summary>answer</summary>They need not be: the block table maps each
+#    logical page to any page, so a new request can take whatever pages are free, and no
+#    contiguous run is ever needed (no external fragmentation).</details>
+# 4. Request A frees pages 3 then 7; which page does the next allocation get?
+#    <details><summary>answer</summary>7: the free list is a stack, the last page given
+#    back is the first handed out.</details>
 #
 # **Next:** notebook 2 shows how attention reads a sequence whose keys are scattered over
 # pages, and notebook 3 what happens to pages when a request finishes.

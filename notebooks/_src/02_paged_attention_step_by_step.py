@@ -11,7 +11,17 @@
 # 3. a tempting shortcut (softmax each page on its own and add the results) and why it is
 #    **wrong**, with numbers;
 # 4. **log-sum-exp merging**, which combines per-page results *exactly*, and split-K,
-#    which uses it to spread one long sequence over several workers.
+#    which uses it to spread one long sequence over several workers;
+# 5. the **causal mask** of a prefill or a chunk of queries, and query heads sharing kv
+#    heads (**GQA**, **MQA**).
+#
+# **What you need:** notebook 1 (pages, block tables); softmax and a matrix product in
+# NumPy; `exp` and `log` (log-sum-exp is explained here).
+#
+# **What you will be able to do:** compute attention over a paged sequence in one pass,
+# keeping a running max, sum and output; explain why a per-page softmax is wrong and
+# merge partial results exactly; say which keys each query of a prefill chunk may see,
+# and which kv head each query head reads.
 
 # %%
 import numpy as np
@@ -22,7 +32,7 @@ from paged_np import viz
 from paged_np.attention.reference import dense_attention
 from paged_np.attention.numpy_paged import attend_sequence
 from paged_np.attention import split_k
-from _exercise import attempt, check      # notebooks/_exercise.py: checks your answers
+from _exercise import attempt, check, check_function  # notebooks/_exercise.py
 
 rng = np.random.default_rng(0)
 
@@ -91,12 +101,30 @@ assert np.array_equal(k_gathered, k_all[:, 0])
 # ## The online softmax
 #
 # Softmax needs the max and the sum over *all* scores, but a kernel sees one page at a
-# time. It keeps a running max `m` and a running sum `l = sum exp(s - m)`. When a page
-# brings a larger score, the max grows and the old sum is **rescaled** by
-# `alpha = exp(m_old - m_new)`, so every term always refers to the current max. At the end
-# the weights are `exp(s - m) / l` and `lse = m + log l`: the dense answer, exactly.
+# time and must not keep the scores (a long context has too many). It keeps three
+# running things, and reads each page once:
 #
-# The drawing shows it for our query: scores by page with the running max (top), the
+# - `m`, the largest score so far;
+# - `l = sum exp(s_j - m)`, the softmax's denominator so far;
+# - `acc = sum exp(s_j - m) v_j`, the output so far, **not yet divided** by `l` (`[D]`).
+#
+# For each page, with its scores `s` (`[P]`) and values `V` (`[P, D]`):
+#
+# ```
+# m_new = max(m, s.max())
+# alpha = exp(m - m_new)               # rescales what was summed against the old max
+# p     = exp(s - m_new)               # [P] this page's unnormalised weights
+# l     = alpha * l + p.sum()
+# acc   = alpha * acc + p @ V          # [D]
+# m     = m_new
+# ```
+#
+# When a page brings a larger score, the max grows and both the old sum and the old
+# output are **rescaled** by `alpha`, so every term always refers to the current max.
+# After the last page, `out = acc / l` and `lse = m + log l`: the dense answer, exactly,
+# in one pass over the pages (FlashAttention's loop, page by page).
+#
+# The drawing shows the weights' side of it for our query: scores by page with the running max (top), the
 # running sum with the rescaling factor where the max jumps (middle), and the final
 # weights beside the dense softmax (bottom).
 
@@ -192,6 +220,62 @@ for splits in (1, 2, 3, 5):
     assert np.allclose(o, ref_out, atol=1e-5) and np.allclose(l, ref_lse, atol=1e-5)
 
 # %% [markdown]
+# ## Prefill and chunks: the causal mask
+#
+# So far one query, the newest token's, saw every key. A **prefill** computes a whole
+# prompt at once: `n_q` queries, the last `n_q` tokens of a sequence of `seq_len`, and
+# query `i` sits at position `seq_len - n_q + i`. A token may only attend to itself and
+# earlier tokens, so query `i` sees keys `0 .. seq_len - n_q + i` and no later one: the
+# **causal mask**, a staircase. A prompt computed in **chunks** (notebook 5's chunked
+# prefill) is the same rule with the earlier chunks already in the cache: the chunk's
+# first query sees every earlier token, its last one sees one more key per row. Decode is
+# the case `n_q = 1`: the one query sees everything.
+#
+# Below, a chunk of 5 queries at the end of our 37-token sequence: the mask drawn, and the
+# paged kernel checked against a dense softmax masked by hand.
+
+# %%
+n_q = 5
+q_pos = SEQ_LEN - n_q + np.arange(n_q)                     # [n_q] the queries' positions
+mask = np.arange(SEQ_LEN)[None, :] <= q_pos[:, None]       # [n_q, seq_len] True: may see
+qc = rng.normal(size=(n_q, 1, D)).astype(np.float32)       # [n_q, H=1, D]
+sc = np.where(mask, qc[:, 0] @ k_all[:, 0].T / np.sqrt(D), -np.inf)   # [n_q, seq_len]
+wc = np.exp(sc - sc.max(1, keepdims=True)); wc /= wc.sum(1, keepdims=True)
+out_chunk = pnp.paged_attention(qc, k_pages, v_pages, bt[None], np.array([SEQ_LEN], np.int32),
+                                np.array([0, n_q], np.int32), backend="numpy")  # [n_q, 1, D]
+assert np.allclose(out_chunk[:, 0], wc @ v_all[:, 0], atol=1e-5)
+fig, ax = plt.subplots(figsize=(8, 1.4))
+ax.imshow(mask[:, 24:], cmap="Blues", aspect="auto", extent=(23.5, SEQ_LEN - 0.5, n_q - 0.5, -0.5))
+ax.set_xlabel("key position (24 and later; every query sees all the earlier ones)")
+ax.set_ylabel("query"); ax.set_title("causal mask of a 5-query chunk", fontsize=9, loc="left");
+
+# %% [markdown]
+# ## Query heads that share kv heads: MHA, GQA, MQA
+#
+# A model has `H` query heads. With **multi-head attention** (MHA) each has its own kv
+# head, so the cache stores `H` keys and values per token. **Grouped-query attention**
+# (GQA) lets a group of `H / Hkv` query heads share one kv head: query head `h` reads kv
+# head `h // (H / Hkv)`, and the cache is `H / Hkv` times smaller (SmolLM2-135M: 9 query
+# heads, 3 kv heads). **Multi-query attention** (MQA) is the extreme, `Hkv = 1`: every
+# query head reads the same single kv head. The kernel's job is unchanged; it reads each
+# kv head's page once and uses it for the whole group, which is what notebook 6 counts as
+# more FLOPs per byte.
+
+# %%
+H, HKV = 4, 2                                              # 2 query heads per kv head
+kv = pnp.PagedKVCache(pnp.CacheConfig(num_pages=8, page_size=P, num_kv_heads=HKV, head_dim=D))
+kg, vg = (rng.normal(size=(20, HKV, D)).astype(np.float32) for _ in range(2))
+kv.add_sequence("g", [1] * 20); kv.write_kv(0, kv.allocate_slots("g", 20), kg, vg)
+qg = rng.normal(size=(1, H, D)).astype(np.float32)         # [1, H, D]
+og = pnp.paged_attention(qg, *kv.layer(0), kv.block_table("g")[None],
+                         np.array([20], np.int32), backend="numpy")  # [1, H, D]
+for h in range(H):                                         # head h reads kv head h // 2
+    ref, _ = dense_attention(qg[:, h:h + 1], kg[:, h // (H // HKV)][:, None],
+                             vg[:, h // (H // HKV)][:, None])
+    assert np.allclose(og[0, h], ref[0, 0], atol=1e-5)
+print("query heads 0,1 read kv head 0; 2,3 read kv head 1: checked against dense")
+
+# %% [markdown]
 # ## Exercise 2: merge by hand
 #
 # Write the body of `merge_pages`: from the per-page results `outs` (`[n_pages, D]`) and
@@ -213,5 +297,67 @@ check("2", {"merge_pages": attempt(merge_pages, outs, lses)},
       done="Exact: the pages' outputs, weighted by their share of the softmax mass.")
 
 # %% [markdown]
+# ## Exercise 2b: the one-pass loop, yours
+#
+# Write `online_attention`: one query `q` (`[D]`) over a sequence of `seq_len` tokens in
+# the pages `k_pages`, `v_pages` (`[num_pages, P, D]`, one kv head) listed by
+# `block_table`, visiting each page once and keeping only `m`, `l` and `acc` (the loop
+# above). Return `(out, lse)`: the output `[D]` and the log-sum-exp of the scaled scores.
+# Mind the last page: only its first `seq_len - (n_pages - 1) * P` rows are the
+# sequence's. The check runs 20 random sequences (lengths, page sizes, scattered block
+# tables) through yours and the package's kernel and shows the first that differs.
+
+# %% exercise 2b
+def online_attention(q, k_pages, v_pages, block_table, seq_len):
+    """q [D]; k_pages, v_pages [num_pages, P, D]; block_table [n_pages] -> (out [D], lse)."""
+    raise NotImplementedError        # your code here (about a dozen lines)
+
+# %% check 2b
+def package_attention(q, k_pages, v_pages, block_table, seq_len):
+    out, lse = pnp.paged_attention(q[None, None], k_pages[:, None], v_pages[:, None],
+                                   np.asarray(block_table, np.int32)[None],
+                                   np.array([seq_len], np.int32), backend="numpy",
+                                   return_lse=True)
+    return out[0, 0], float(lse[0, 0])
+
+
+def random_sequence(r):
+    ps, d = int(r.choice([2, 4, 8])), 8
+    seq_len = int(r.integers(1, 40))
+    n = -(-seq_len // ps)
+    kp, vp = (r.normal(size=(12, ps, d)).astype(np.float32) for _ in range(2))
+    return r.normal(size=d).astype(np.float32), kp, vp, r.permutation(12)[:n], seq_len
+
+
+r = np.random.default_rng(2)
+check_function("2b", online_attention, package_attention,
+               [random_sequence(r) for _ in range(20)], atol=1e-4, rtol=1e-4,
+               describe=lambda q, k, v, bt, n: f"seq_len={n}, P={k.shape[1]}, "
+                                               f"block_table={list(bt)}",
+               hints="start with m = -inf, l = 0, acc = zeros(D); per page take the rows "
+                     "min(P, seq_len - i * P); scores = K @ q / sqrt(D); rescale l and acc "
+                     "by exp(m_old - m_new) before adding the page; out = acc / l, "
+                     "lse = m + log(l).",
+               done="One pass, three running values: the loop inside every paged kernel.")
+
+# %% [markdown]
+# ## Self-check
+#
+# 1. In the online softmax, why must `acc` be rescaled by `alpha` too, not only `l`?
+#    <details><summary>answer</summary>`acc` sums `exp(s_j - m) v_j` against the old max;
+#    when the max grows, every earlier term must be multiplied by `exp(m_old - m_new)` to
+#    refer to the new one, exactly as the terms of `l` are.</details>
+# 2. Two pages have `lse_a = 2.0` and `lse_b = 2.0`. What weight does each page's output
+#    get in the merge?
+#    <details><summary>answer</summary>One half each: `lse = log(2 e^2) = 2 + log 2`, and
+#    `exp(2 - lse) = 1/2`.</details>
+# 3. A prefill chunk of 4 queries ends a 10-token sequence. How many keys does its first
+#    query see?
+#    <details><summary>answer</summary>7: it sits at position 10 - 4 + 0 = 6 and sees
+#    keys 0 to 6.</details>
+# 4. A model has 32 query heads and 8 kv heads. Which kv head does query head 13 read,
+#    and how much smaller is its cache than with MHA?
+#    <details><summary>answer</summary>13 // (32 / 8) = 3; the cache is 4x smaller.</details>
+#
 # **Next:** notebook 3 shows what happens to the pages when a request finishes, and how a
 # later request reuses them. Notebook 6 makes the kernel fast with Numba.

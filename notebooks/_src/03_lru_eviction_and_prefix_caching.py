@@ -16,6 +16,14 @@
 # FREE --allocate--> IN_USE --last release, full and hashed--> CACHED --evict--> FREE
 #                      ^------------------ prefix hit ------------'
 # ```
+#
+# **What you need:** notebook 1 (pages, the free list, block tables); what a hash
+# function is. Notebook 2 is not needed here.
+#
+# **What you will be able to do:** follow a page through FREE, IN_USE and CACHED; predict
+# which page LRU evicts; write the longest-prefix lookup over the hash chain and an
+# eviction policy of your own, both checked against the package; say when LRU, FIFO and
+# LFU win, and what a radix tree changes.
 
 # %%
 import copy
@@ -26,7 +34,7 @@ import matplotlib.pyplot as plt
 import paged_np as pnp
 from paged_np import viz
 from paged_np.cache.hash_index import hash_page, ROOT_HASH
-from _exercise import check              # notebooks/_exercise.py: checks your answers
+from _exercise import check, check_function   # notebooks/_exercise.py
 
 rng = np.random.default_rng(0)
 
@@ -316,5 +324,101 @@ check("3b", {"next_leaf": next_leaf}, {"next_leaf": owner},
            "leaf below it still needs it.")
 
 # %% [markdown]
+# ## Exercise 3c: the longest cached prefix, yours
+#
+# Write the lookup `add_sequence` starts with: walk the prompt page by page, hash each full
+# page with its parent's hash (`hash_page(parent, page_tokens)`, starting from
+# `ROOT_HASH`), ask the index for it (`index.lookup(h, page_tokens)`: a page id, or None),
+# and stop at the first miss. Return the page ids found, in order. The check serves 12
+# random requests (some sharing system prompts) into a cache, then asks yours and the
+# package's `match_prefix` about 20 random prompts.
+
+# %% exercise 3c
+def cached_prefix(index, token_ids, page_size):
+    """Page ids of the longest cached prefix of token_ids (whole pages), in order."""
+    raise NotImplementedError        # your code here (about seven lines)
+
+# %% check 3c
+r = np.random.default_rng(3)
+heads = [[int(t) for t in r.integers(0, 50, 12)] for _ in range(3)]  # 3 shared openings
+
+
+def random_prompt():
+    """One of 3 openings cut anywhere (0 to 3 pages of it), then up to 8 random tokens."""
+    head = heads[r.integers(3)][:int(r.integers(0, 13))]
+    return head + [int(t) for t in r.integers(0, 50, r.integers(1, 9))]
+
+
+lookup_cache = pnp.PagedKVCache(pnp.CacheConfig(num_pages=32, page_size=4, head_dim=4))
+for i in range(12):
+    serve(lookup_cache, f"r{i}", random_prompt())
+check_function("3c", cached_prefix,
+               lambda index, ids, ps: list(index.match_prefix(ids)[0]),
+               [(lookup_cache.prefix_index, random_prompt(), 4) for _ in range(20)],
+               describe=lambda index, ids, ps: f"token_ids={ids}",
+               hints="parent = ROOT_HASH; for page i: tokens = token_ids[i*P:(i+1)*P], "
+                     "only while they are a full page; h = hash_page(parent, tokens); "
+                     "page = index.lookup(h, tokens); stop at None; parent = h.",
+               done="A hit on page i means the whole prefix up to i matched, because each "
+                    "hash digests its parent's.")
+
+# %% [markdown]
+# ## Exercise 3d: a policy of your own
+#
+# A policy is one method, `priority(entry)`: the evictable entry with the smallest key goes
+# first. An entry has `last_access_time`, `hit_count` and `creation_time` (ticks of the
+# index's one logical clock). Write LFU with LRU among equals: **fewest prefix hits first,
+# and of those, the one used longest ago**. The check plugs your class into
+# `CacheConfig(eviction_policy=...)`, serves the same 20 random workloads through it and
+# through the package's `LFUPolicy` in a cache of 10 pages, checks the pool's invariants
+# after every request, and compares the pages evicted, in order.
+
+# %% exercise 3d
+class MyLFU(pnp.EvictionPolicy):
+    name = "my-lfu"
+
+    def priority(self, entry):
+        raise NotImplementedError    # your code here (one line)
+
+# %% check 3d
+def evictions(policy, prompts):
+    """The pages evicted, in order, serving prompts with this policy; invariants checked."""
+    c = pnp.PagedKVCache(pnp.CacheConfig(num_pages=10, page_size=4, head_dim=4,
+                                         eviction_policy=policy))
+    for i, prompt in enumerate(prompts):
+        serve(c, i, prompt, n_generate=2)
+        c.check_invariants()
+    return [e.page_id for e in c.events if e.kind == "evict"]
+
+
+check_function("3d", lambda prompts: evictions(MyLFU, prompts),
+               lambda prompts: evictions(pnp.LFUPolicy, prompts),
+               [([random_prompt() for _ in range(12)],) for _ in range(20)],
+               describe=lambda prompts: f"12 prompts starting {prompts[0][:6]}...",
+               blank="MyLFU.priority",
+               hints="return a tuple: Python compares tuples item by item, so "
+                     "(entry.hit_count, entry.last_access_time) sorts by hits, then age.",
+               done="Any sortable key makes a policy: the capstone asks you to design one "
+                    "and defend it.")
+
+# %% [markdown]
+# ## Self-check
+#
+# 1. Why does a page's hash digest its parent's hash and not only its own tokens?
+#    <details><summary>answer</summary>So that a hit on page i means the whole prefix up
+#    to page i matches: the same tokens after a different start must not be reused (their
+#    K/V depend on everything before them).</details>
+# 2. Which pages of a finished request become CACHED, and which FREE?
+#    <details><summary>answer</summary>Its full pages (hashed) become CACHED; a partly
+#    filled last page was never hashed and goes FREE.</details>
+# 3. A prompt of exactly 8 tokens, both of its pages cached (P = 4): how many tokens are
+#    reused, and why?
+#    <details><summary>answer</summary>4: the last prompt token is always computed, since
+#    its output gives the first generated token's logits; reuse is rounded down to whole
+#    pages.</details>
+# 4. When does LFU lose to LRU?
+#    <details><summary>answer</summary>When popularity shifts: a page that was hit often
+#    long ago keeps its count and stays, while the newly popular prefix is evicted.</details>
+#
 # **Next:** notebook 4 shares pages between *live* sequences (parallel sampling, beam
 # search) and copies a page only when one of them writes into it.

@@ -12,6 +12,13 @@
 # first: *copy-on-write*. Each page counts its holders (`ref_count`); a page with
 # `ref_count > 1` is copied before a write, a page with `ref_count == 1` is written in
 # place.
+#
+# **What you need:** notebook 1 (pages, block tables, `allocate_slots`); notebook 3's
+# page states help but are not required.
+#
+# **What you will be able to do:** say what a fork costs and when a write copies a page;
+# write the copy-on-write step inside an allocation, checked against the package; count
+# the pages parallel sampling and beam search save.
 
 # %%
 import numpy as np
@@ -19,7 +26,7 @@ import matplotlib.pyplot as plt
 
 import paged_np as pnp
 from paged_np import viz
-from _exercise import check              # notebooks/_exercise.py: checks your answers
+from _exercise import check, check_function   # notebooks/_exercise.py
 
 rng = np.random.default_rng(0)
 
@@ -201,5 +208,87 @@ check("4", dict(cow=cow, in_use=in_use),
       done="A fork at a page boundary costs nothing: every write goes to a fresh page.")
 
 # %% [markdown]
+# ## Exercise 4b: copy-on-write inside an allocation, yours
+#
+# Now write the allocation's copy-on-write step. A sequence has `num_tokens` tokens
+# written in the pages of `block_table` and asks for room for `n` more. `ref_counts[p]`
+# says how many block tables hold page `p`; `free` is the free list (top of the stack
+# last). Return the new block table and the copies made, as `(block_table, copies)` with
+# `copies` a list of `(src, dst)` pages. The package's rule, in order:
+#
+# 1. the pages this allocation writes into are those from `num_tokens // P` up to the
+#    last one the `num_tokens + n` tokens need; of those already in the table, each one
+#    with `ref_counts > 1` is shared and must be **copied**;
+# 2. take all the fresh pages at once from the free list (`free.pop()` each): first one
+#    per copy, in table order (each replaces its shared page in the table), then the
+#    pages the table still lacks, appended.
+#
+# The check builds 20 random states in a real cache (a prompt forked into several
+# samples, some of which have written already), runs `allocate_slots` there and your
+# function here, and compares the block tables and the copies.
+
+# %% exercise 4b
+def allocate_with_cow(block_table, ref_counts, free, num_tokens, n, page_size):
+    """-> (new block_table, [(src, dst), ...]) for n more tokens; pops pages off free."""
+    raise NotImplementedError        # your code here (about eight lines)
+
+# %% check 4b
+class CowCase:
+    """A sequence in a real cache, about to allocate n slots; plain data for you."""
+
+    def __init__(self, r, P=4):
+        self.c = pnp.PagedKVCache(pnp.CacheConfig(num_pages=40, page_size=P, head_dim=4))
+        ids = list(range(int(r.integers(1, 3 * P))))
+        self.c.add_sequence("p", ids); compute(self.c, "p", ids)
+        for k in range(int(r.integers(1, 4))):               # the samples share p's pages
+            self.c.fork("p", f"s{k}")
+        for sid in list(self.c.seq_ids)[:int(r.integers(0, 3))]:   # some write already
+            compute(self.c, sid, [7] * int(r.integers(1, P + 2)))
+        self.sid = str(r.choice(self.c.seq_ids))
+        self.n = int(r.integers(1, 2 * P + 2))
+
+    def plain(self):
+        bt = [int(p) for p in self.c.block_table(self.sid)]
+        refs = {p: self.c.pool.ref_count(p) for p in bt}
+        free = sorted((p for p in range(self.c.cfg.num_pages)   # never freed: a fresh stack
+                       if self.c.pool.state(p) == "free"), reverse=True)
+        return bt, refs, free, self.c.num_computed_tokens(self.sid), self.n, self.c.page_size
+
+    def package(self):
+        before = [int(p) for p in self.c.block_table(self.sid)]
+        self.c.allocate_slots(self.sid, self.n)
+        self.c.check_invariants()
+        after = [int(p) for p in self.c.block_table(self.sid)]
+        return after, [(a, b) for a, b in zip(before, after) if a != b]
+
+    def __repr__(self):
+        bt, refs, free, t, n, P = self.plain()
+        return f"block_table={bt}, ref_counts={refs}, num_tokens={t}, n={n}, P={P}"
+
+
+r = np.random.default_rng(4)
+check_function("4b", lambda case: allocate_with_cow(*case.plain()), CowCase.package,
+               [(CowCase(r),) for _ in range(20)], blank="the body of allocate_with_cow",
+               hints="first = num_tokens // P, need = ceil((num_tokens + n) / P); "
+                     "cow = [i for i in range(first, min(len(bt), need)) if "
+                     "ref_counts[bt[i]] > 1]; pop len(cow) + max(0, need - len(bt)) pages.",
+               done="The copy happens inside the allocation, before any write: the kernel "
+                    "never sees a shared page it could corrupt.")
+
+# %% [markdown]
+# ## Self-check
+#
+# 1. Four samples share a 10-token prompt (P = 4). How many copies happen when each
+#    writes its first token?
+#    <details><summary>answer</summary>Three: the shared last page has room, so the first
+#    three writers copy it; the last writer finds `ref_count == 1` and writes in place.
+#    </details>
+# 2. What does a fork cost in pages and in copies?
+#    <details><summary>answer</summary>Nothing at the fork itself: the child's block table
+#    lists the parent's pages and each page's `ref_count` goes up by one.</details>
+# 3. When a beam dies, which of its pages go FREE?
+#    <details><summary>answer</summary>Only those no other beam holds (`ref_count` drops
+#    to 0); shared stem pages lose one reference and stay.</details>
+#
 # **Next:** notebook 5 puts the cache under a scheduler: continuous batching, and what
 # the engine does when the pages run out (preemption).

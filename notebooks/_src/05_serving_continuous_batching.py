@@ -20,6 +20,17 @@
 # `model.dense_generate`, which recomputes the whole sequence at every token with no cache
 # at all. At the end we step back and measure, as the vLLM paper did, how much of the KV
 # memory holds tokens at all under contiguous reservation and under paging.
+#
+# **What you need:** notebooks 1, 3 and 4 (pages, prefix hits, fork); what a language
+# model's generation loop does (one token at a time, each from the previous ones).
+# Notebook 2 helps for the causal mask of a chunk.
+#
+# **What you will be able to do:** work out what each engine step computes under the two
+# budgets; predict and write the preempt-newest loop, checked against the scheduler;
+# explain recompute against swap; say where batching saves (the weights, read once per
+# step) and where it does not (each sequence's KV); read TTFT, time per output token and
+# inter-token latency off a run, and why prefill and decode are limited by different
+# things.
 
 # %%
 import numpy as np
@@ -29,7 +40,7 @@ import paged_np as pnp
 from paged_np import viz
 from paged_np.sim import simulate, workloads
 from paged_np.serving import serve       # the loop the demo runs, from the library
-from _exercise import check              # notebooks/_exercise.py: checks your answers
+from _exercise import check, check_function   # notebooks/_exercise.py
 
 N_REQUESTS = 24          # size knob: requests in the streams below
 N_SIM = 200              # size knob: requests in the memory-breakdown simulation
@@ -223,6 +234,99 @@ check("5", dict(victim=victim, at_step=at_step),
            "page.")
 
 # %% [markdown]
+# ## Exercise 5c: the preempt-newest loop, yours
+#
+# Now write the scheduler's loop for a step in which every running request decodes one
+# token. `running` lists the requests oldest first; `held[r]` is how many pages `r` holds;
+# `need[r]` how many fresh pages its next token needs (0 or 1); `available` the pages an
+# allocation can get now (free plus evictable cached). Serve the requests oldest first.
+# While a request's need exceeds what is available, preempt the **newest** running
+# request (the last of the list, perhaps the one asking): it leaves the list and its
+# pages become available. A request that preempted itself ends the step. Return
+# `(scheduled, preempted)`: the names served, and the names preempted in the order they
+# were.
+#
+# The check runs 20 random small servers (6 to 10 pages, 3 to 5 requests) to a random
+# step, gives you the state, lets the real `Engine` take the step, and compares.
+
+# %% exercise 5c
+def schedule_decodes(running, held, need, available):
+    """-> (scheduled, preempted): lists of request names."""
+    raise NotImplementedError        # your code here (about ten lines)
+
+# %% check 5c
+def replay(recipe):
+    """A small engine fed the recipe's requests and stepped its number of steps."""
+    num_pages, requests, steps = recipe
+    e = pnp.Engine(model, num_pages=num_pages, page_size=4, max_num_seqs=8,
+                   max_num_batched_tokens=256, backend=BACKEND)
+    for i, (prompt, max_tokens) in enumerate(requests):
+        e.add_request(prompt, pnp.SamplingParams(max_tokens=max_tokens, temperature=0.0),
+                      request_id=f"r{i}")
+    for _ in range(steps):
+        e.step()
+    return e
+
+
+def decoding(e):
+    run = e.scheduler.running
+    return len(run) >= 2 and all(q.num_tokens - q.num_computed_tokens == 1 for q in run)
+
+
+def short_of_pages(e):
+    need = sum(e.cache.num_pages_needed(q.seq_id, 1) for q in e.scheduler.running)
+    return need > e.cache.num_available_pages
+
+
+def random_recipe(r):
+    """A random small stream, stepped until every running request decodes (most cases
+    short of pages, so that someone is preempted)."""
+    while True:
+        requests = [(r.integers(0, 256, int(r.integers(2, 10))).tolist(),
+                     int(r.integers(4, 12))) for _ in range(int(r.integers(3, 6)))]
+        recipe = [int(r.integers(6, 11)), requests, 0]
+        e = replay(recipe)
+        for steps in range(1, 8):
+            e.step()
+            if decoding(e) and (short_of_pages(e) or r.random() < 0.3):
+                return (recipe[0], requests, steps)
+
+
+def engine_view(recipe):
+    e = replay(recipe)
+    run = e.scheduler.running
+    return ([q.parent.request_id for q in run],
+            {q.parent.request_id: len(e.cache.block_table(q.seq_id)) for q in run},
+            {q.parent.request_id: e.cache.num_pages_needed(q.seq_id, 1) for q in run},
+            e.cache.num_available_pages)
+
+
+def engine_step(recipe):
+    e = replay(recipe)
+    reqs = list(e.scheduler.running)
+    before = {q.parent.request_id: (q.num_tokens, q.num_preemptions) for q in reqs}
+    e.step()
+    scheduled = [q.parent.request_id for q in reqs                  # sampled a token
+                 if q.num_tokens > before[q.parent.request_id][0]]
+    preempted = [q.parent.request_id for q in reversed(reqs)        # newest go first
+                 if q.num_preemptions > before[q.parent.request_id][1]]
+    return scheduled, preempted
+
+
+r = np.random.default_rng(6)
+recipes = [random_recipe(r) for _ in range(20)]
+check_function("5c", lambda recipe: schedule_decodes(*engine_view(recipe)), engine_step,
+               [(x,) for x in recipes], blank="the body of schedule_decodes",
+               describe=lambda recipe: "running={}, held={}, need={}, available={}".format(
+                   *engine_view(recipe)),
+               hints="for each request in order: while need > available, pop the last "
+                     "running one (append it to preempted, add its held pages to "
+                     "available); if that was the request itself, stop; else take its "
+                     "pages and schedule it.",
+               done="The scheduler's preempt-newest rule: the newest request has done the "
+                    "least work, so preempting it wastes the least.")
+
+# %% [markdown]
 # ## Parallel sampling: n answers, one prompt's pages
 #
 # `SamplingParams(n=4)` asks for four samples of one prompt. The engine computes the prompt
@@ -311,9 +415,15 @@ assert wasted_slots <= (16 - 1) * paged["batch_size"]
 print(f"paged: {wasted_slots:.0f} slots wasted for {paged['batch_size']:.0f} running requests")
 
 # %% [markdown]
-# More requests running at once is the whole point: a decode step reads every running
-# request's KV anyway, so a bigger batch turns the same memory traffic into more tokens
-# per second. That is where vLLM's throughput gains come from.
+# More requests running at once is the whole point, and the reason is the **weights**: a
+# decode step reads every weight matrix once, whatever the batch size, and multiplies it
+# by one row per running sequence. The weight traffic is paid once per step and shared by
+# the whole batch, so a bigger batch turns it into more tokens per second. The KV traffic
+# is *not* shared: each sequence reads its own keys and values, so KV bytes per step grow
+# with the batch (and with each context). Paging's gain is that the memory it saves holds
+# more sequences, so more tokens share each read of the weights, until the KV reads
+# themselves dominate (notebook 8 measures the split on a real model). That is where
+# vLLM's throughput gains come from.
 #
 # ## Speculative decoding: pages for drafts, and rollback
 #
@@ -448,6 +558,24 @@ check("5b", dict(written_after=written_after, freed=freed),
 # set `N_SIM = 1000` for the full simulation; give the speculative run 8 drafts
 # (`"num_speculative_tokens": 8`), or a prompt that does not repeat itself, and watch
 # the acceptance.
+#
+# ## Self-check
+#
+# 1. A step's token budget is 32; a running decode and a waiting 40-token prompt. What
+#    does the step compute?
+#    <details><summary>answer</summary>The decode's 1 token and a 31-token chunk of the
+#    prompt (chunked prefill); the prompt's last 9 tokens come next step.</details>
+# 2. Why preempt the newest running request rather than the one that needs the page?
+#    <details><summary>answer</summary>The newest has done the least work, so
+#    recomputing it later wastes the least; the oldest finish first and free their
+#    pages.</details>
+# 3. Recompute or swap: which repeats compute, and which moves bytes?
+#    <details><summary>answer</summary>Recompute drops the KV and prefills again (partly
+#    saved by prefix hits on its own cached pages); swap copies the pages to host memory
+#    and back, computing nothing twice.</details>
+# 4. Does a bigger batch share the KV reads of a decode step?
+#    <details><summary>answer</summary>No: each sequence reads its own KV. It shares the
+#    weights' read, once per step for the whole batch.</details>
 #
 # **Next:** notebook 6 makes the attention kernel fast with Numba and asks how fast it can
 # be.

@@ -8,6 +8,15 @@
 # bus, not the arithmetic. We then look at two choices that decide how close a kernel
 # gets to that limit: the **layout** of a page in memory, and the **page size**.
 #
+# **What you need:** notebook 2 (the online softmax, GQA); NumPy; the idea of a compiled
+# loop (Numba compiles a Python function with `@njit`; nothing else about Numba is
+# assumed).
+#
+# **What you will be able to do:** read the package's CPU kernel; compute a kernel's
+# arithmetic intensity and place it on a roofline with its memory and compute roofs; write
+# a Numba decode kernel for the NHD page layout, checked against the package, and say
+# why it lands where it does.
+#
 # Timings below are live and noisy (a shared 2-core machine, say); the benchmark numbers
 # the README quotes come from `python -m paged_np bench`, read from
 # `benchmarks/results.json` when it is there.
@@ -24,7 +33,7 @@ import paged_np as pnp
 from paged_np import viz
 from paged_np.cli import bench
 from paged_np.attention.reference import dense_attention
-from _exercise import check              # notebooks/_exercise.py: checks your answers
+from _exercise import Raised, attempt, check, check_function   # notebooks/_exercise.py
 
 # %% [markdown]
 # ## One decode step, three backends
@@ -90,16 +99,22 @@ for name, t in (("numpy", t_numpy), ("numba", t_numba)):
 # %% [markdown]
 # ## The roofline
 #
-# The roof is what the memory bus can deliver. `bench.stream_bandwidth()` measures it
-# (a parallel sum over 512 MiB); the bench stored its value in `results.json`, and we
-# measure it live only when that file is absent. On the log-log plot, a kernel with
-# intensity `I` can at best reach `I * bandwidth` FLOP/s (the slanted roof); the
-# percentage beside each dot is how much of that it gets.
+# A kernel has two speed limits. The **bandwidth roof** is what the memory bus can
+# deliver: `bench.stream_bandwidth()` measures it (a parallel sum over 512 MiB). The
+# **compute roof** is the arithmetic the cores can do: `bench.fma_peak()` measures it
+# (fused multiply-adds in registers, every core). The bench stored both in
+# `results.json`; we measure them live only when that file is absent. On the log-log
+# plot, a kernel with intensity `I` can at best reach `min(peak, I * bandwidth)` FLOP/s:
+# the slanted roof left of the **ridge point** `peak / bandwidth`, the flat one right of
+# it. The percentage beside each dot is how much of its limit it gets.
 
 # %%
 results_path = Path(pnp.__file__).resolve().parents[1] / "benchmarks" / "results.json"
 res = json.loads(results_path.read_text()) if results_path.exists() else None
 bandwidth = res["bandwidth_gbs"] * 1e9 if res else bench.stream_bandwidth(repeat=2) * 1e9
+peak = res["fma_peak_gflops"] * 1e9 if res else bench.fma_peak(2) * 1e9
+print(f"roofs: {bandwidth / 1e9:.1f} GB/s, {peak / 1e9:.0f} GFLOP/s; "
+      f"ridge point {peak / bandwidth:.1f} FLOP/byte")
 points = [{"label": f"{n} (live, ctx {CTX})", "flops": flops, "bytes": kv_bytes, "seconds": t}
           for n, t in (("numpy", t_numpy), ("numba", t_numba))]
 for row in (res or {}).get("decode", []):                  # the bench's own decode rows
@@ -108,20 +123,23 @@ for row in (res or {}).get("decode", []):                  # the bench's own dec
     points.append({"label": f"bench {row['dtype']} ctx {row['context']}", "bytes": nbytes,
                    "flops": nbytes * bench.H / (2 * bench.HKV) * 4 / itemsize,
                    "seconds": row["ms"] / 1e3})
-fig = viz.draw_roofline(points, peak_bandwidth=bandwidth)
+fig = viz.draw_roofline(points, peak_bandwidth=bandwidth, peak_flops=peak)
 
 # %% [markdown]
 # Every dot sits under the slanted roof, at intensity 2 (float32) or 4 (float16: half the
-# bytes for the same FLOPs). How far below the roof a dot sits is the kernel's
+# bytes for the same FLOPs), far left of the ridge point: decode attention would need
+# several times more FLOPs per byte before the arithmetic, not the bus, limited it. (A
+# prefill chunk reuses each key for many queries and moves right; a big enough one
+# crosses the ridge and becomes compute-bound.) How far below the roof a dot sits is the kernel's
 # inefficiency: loop overhead, the threads' start-up, cache misses on the block table.
 # Long contexts on a small machine fall further below: the working set no longer fits
 # in the caches and the two cores compete for the bus.
 #
 # ## Layout: head-major pages read faster
 #
-# The arena stores a page as `[num_kv_heads, page_size, head_dim]` (**HND**, head-major,
-# FlashInfer's default): for one kv head, a page is one contiguous `page_size x head_dim`
-# tile. The alternative, **NHD** (token-major, `[page_size, num_kv_heads, head_dim]`),
+# The arena stores a page as `[num_kv_heads, page_size, head_dim]` (**HND**, head-major;
+# FlashInfer offers it as `kv_layout="HND"`, though its wrappers default to `"NHD"`): for
+# one kv head, a page is one contiguous `page_size x head_dim` tile. The alternative, **NHD** (token-major, `[page_size, num_kv_heads, head_dim]`),
 # interleaves the heads, so one head's keys come in `head_dim`-float pieces with the
 # other heads' keys between them. A kernel reads one kv head at a time:
 
@@ -143,6 +161,30 @@ assert np.isclose(k_hnd[:, 3].sum(), k_nhd[:, :, 3].sum(), rtol=1e-3)
 # 1.6-1.9x faster than NHD ones at long context. The reason is the one above: a long
 # contiguous run lets the hardware prefetcher stream, and every cache line fetched is
 # fully used.
+#
+# ## Inside the CPU kernel
+#
+# The Numba kernel is plain Python loops, compiled. Its core is one **work item**: some
+# queries times the query heads of some kv heads, against a range of keys. It copies the
+# queries into a tile, walks the keys a block of pages at a time (scores of every page,
+# the causal mask where needed, the online softmax of notebook 2, `acc += p @ V`), and
+# divides by `l` at the end. Here is its source, as the package has it:
+
+# %%
+import inspect
+
+from paged_np.attention import numba_cpu
+
+source = inspect.getsource(numba_cpu)
+start = source.index("@njit(**JIT_OPTIONS)\ndef _attend_item")
+print(source[start:source.index("\n\n\n", start)])
+
+# %% [markdown]
+# The helpers it calls (`tile_scores`, `online_softmax`, `accumulate_pv`, in
+# `paged_np/attention/numba_kernels.py`) work on tiles of 4 rows so the compiler keeps
+# them in vector registers. The loop over kv heads sits *inside* the loop over pages: in
+# HND one page's kv-head tiles lie side by side, so a block of pages is one stretch of
+# memory.
 #
 # ## Page size
 #
@@ -190,3 +232,74 @@ check("6", dict(intensity_fp16=intensity_fp16, intensity_mqa=intensity_mqa),
                  intensity_mqa="every query head now reads the one kv head: the FLOPs "
                                "stay, the bytes shrink by the group size."),
       done="Still far below a GPU's ridge point: decode stays memory-bound.")
+
+# %% [markdown]
+# ## Exercise 6b: a decode kernel for NHD pages, yours
+#
+# Write `decode_nhd`: decode attention (one query per sequence) over pages stored **NHD**,
+# `k_pages[page, offset, kv_head, d]` (`[num_pages, P, Hkv, D]`), with `q` `[B, H, D]`,
+# `block_tables` `[B, max_pages]` and `seq_lens` `[B]`; return `out` `[B, H, D]`
+# (float32). Query head `h` reads kv head `h // (H // Hkv)`; scale `1 / sqrt(D)`. Any
+# correct way is accepted; to place it on the roofline make it fast: put `@njit` on it
+# (`from numba import njit, prange`) and run the `(b, h)` pairs in a `prange`. The check
+# runs 20 random small batches through yours and the package's kernel (on the same pages
+# in HND), then times yours on the bench case above and draws it on the roofline.
+
+# %% exercise 6b
+def decode_nhd(q, k_pages, v_pages, block_tables, seq_lens):
+    """q [B, H, D]; k_pages, v_pages [num_pages, P, Hkv, D] (NHD) -> out [B, H, D]."""
+    raise NotImplementedError        # your code here
+
+# %% check 6b
+def hnd(pages):
+    return np.ascontiguousarray(pages.transpose(0, 2, 1, 3))     # NHD <-> HND
+
+
+def random_batch(r):
+    B, H, Hkv, D, P = 3, 4, 2, 8, 4
+    lens = r.integers(1, 30, B).astype(np.int32)
+    tables = np.stack([r.permutation(24)[:8] for _ in range(B)]).astype(np.int32)
+    k_nhd, v_nhd = (r.standard_normal((24, P, Hkv, D), np.float32) for _ in range(2))
+    return r.standard_normal((B, H, D), np.float32), k_nhd, v_nhd, tables, lens
+
+
+r = np.random.default_rng(7)
+check_function("6b", decode_nhd,
+               lambda q, k, v, bt, lens: pnp.paged_attention(q, hnd(k), hnd(v), bt, lens,
+                                                             backend="numpy"),
+               [random_batch(r) for _ in range(20)], atol=1e-4, rtol=1e-4,
+               describe=lambda q, k, v, bt, lens: f"seq_lens={lens.tolist()}",
+               hints="per (b, h): kv head h // (H // Hkv); for t < seq_lens[b], the key is "
+                     "k_pages[block_tables[b, t // P], t % P, kv_head]; an online softmax "
+                     "(m, l, acc) or a plain one over the gathered scores.",
+               done="Now see where it lands on the roofline (below).")
+k_nhd_case, v_nhd_case = hnd(k), hnd(v)                    # the bench case, in NHD
+mine = attempt(decode_nhd, q, k_nhd_case, v_nhd_case, tables, seq_lens)
+if mine is not None and not isinstance(mine, Raised):         # right or not, timed
+    t_mine = best_of(lambda: decode_nhd(q, k_nhd_case, v_nhd_case, tables, seq_lens), 3)
+    print(f"yours: {t_mine * 1e3:.1f} ms, {kv_bytes / t_mine / 1e9:.2f} GB/s of K/V; "
+          f"the package's numba kernel {t_numba * 1e3:.1f} ms")
+    fig = viz.draw_roofline(points[:2] + [{"label": "yours (NHD)", "flops": flops,
+                                           "bytes": kv_bytes, "seconds": t_mine}],
+                            peak_bandwidth=bandwidth, peak_flops=peak)
+
+# %% [markdown]
+# ## Self-check
+#
+# 1. What is the arithmetic intensity of float32 decode with 32 query heads and 8 kv
+#    heads, and is it left or right of a CPU's ridge point?
+#    <details><summary>answer</summary>32 / (2 * 8) = 2 FLOP/byte: far left of a ridge
+#    point of several FLOP per byte, so memory-bound.</details>
+# 2. What moves a kernel to the right on the roofline?
+#    <details><summary>answer</summary>More FLOPs per byte read: more query heads per kv
+#    head (GQA, MQA), fewer bytes per value (float16, 8-bit), or many queries per key (a
+#    prefill chunk).</details>
+# 3. Why does the package store pages HND?
+#    <details><summary>answer</summary>A kernel reads one kv head at a time; in HND that
+#    head's page is one contiguous `page_size x head_dim` run the prefetcher can stream.
+#    </details>
+# 4. Your NHD kernel ran slower than the package's. Name two reasons other than layout.
+#    <details><summary>answer</summary>One key at a time with an `exp` per key (the
+#    package scores a block of keys and rescales once per block) and no tiling of rows
+#    into vector registers; and each query head re-reads its kv head's keys instead of
+#    the group sharing one read.</details>

@@ -9,6 +9,13 @@
 # No GPU? Numba's **CUDA simulator** runs the same kernels in Python, one thread per
 # GPU thread: slow (tiny shapes only) but exact, which is all a lesson needs. The
 # simulator must be chosen *before* numba is imported, so this is the first cell.
+#
+# **What you need:** notebooks 2 and 6 (the online softmax, GQA, the roofline); the words
+# of CUDA are explained as they come (thread, block, grid, warp, shared memory).
+#
+# **What you will be able to do:** say which thread of the CUDA kernel computes which
+# score, loads which key and writes which output column; count the thread blocks of a
+# batch; check a device kernel against the host one.
 
 # %%
 import os
@@ -68,6 +75,57 @@ for b in range(3):
         ax.barh(b, w, left=t * nc.K.ROWS, color=f"C{b}", edgecolor="black")
 ax.set_yticks(range(3), [f"seq {b}: n_q={n_q[b]}" for b in range(3)])
 ax.set_xlabel(f"rows = queries x {group} heads of a group (one box = one thread block)");
+
+# %% [markdown]
+# ## Inside a block: which thread touches which data
+#
+# A block has `THREADS = ROWS x TILE_N` threads (128: four **warps** of 32 that run in
+# lock-step). The kernel gives each thread a different job in each phase of a key tile;
+# here are the lines that decide it, from the kernel's source:
+
+# %%
+import inspect
+
+from paged_np.attention import cuda_kernels
+
+src = inspect.getsource(cuda_kernels)
+for needle in ("    tid = cuda.threadIdx.x", "    r = tid // TILE_N", "    n = tid - r",
+               "        for idx in range(tid, TILE_N * head_dim, THREADS):",
+               "            nn = idx // head_dim", "            d = idx - nn * head_dim"):
+    line = next(ln for ln in src.splitlines() if ln.startswith(needle))
+    print(line.strip())
+
+# %% [markdown]
+# - **Staging** (K and V of a tile into shared memory): thread `tid` loads the elements
+#   `idx = tid, tid + THREADS, ...` of the `[TILE_N, head_dim]` tile, element `idx` being
+#   key `idx // head_dim`, dimension `idx % head_dim`. Neighbouring threads read
+#   neighbouring `d` of one key: one contiguous run of the page, a **coalesced** read.
+# - **Scores**: thread `tid` is row `r = tid // TILE_N` (a query head of a query) and key
+#   lane `n = tid % TILE_N`: it computes one score `q_r . k_n`. The 16 lanes of a row sit
+#   in one warp, so the row's max and sum are warp shuffles, no shared memory.
+# - **Output**: thread `t` owns output columns `d = t, t + THREADS, ...` of every row and
+#   keeps them in registers (`acc`), rescaled by each tile's `alpha`.
+#
+# Drawn for `head_dim = 32` (each colour is one warp; the number is the thread):
+
+# %%
+K = nc.K
+fig, axes = plt.subplots(1, 2, figsize=(11, 2.8))
+score_tid = np.arange(K.THREADS).reshape(K.ROWS, K.TILE_N)      # [ROWS, TILE_N] tid of (r, n)
+stage_tid = np.zeros((K.TILE_N, 32), int)                       # [TILE_N, head_dim]
+for tid in range(K.THREADS):
+    for idx in range(tid, K.TILE_N * 32, K.THREADS):
+        stage_tid[idx // 32, idx % 32] = tid
+for ax, m, title, xl, yl in ((axes[0], score_tid, "scores: thread of (row, key lane)",
+                              "key lane n", "row r"),
+                             (axes[1], stage_tid, "staging: thread that loads K[key, d]",
+                              "d", "key of the tile")):
+    ax.imshow(m // 32, cmap="tab10", vmin=0, vmax=9, aspect="auto")
+    for (i, j), t in np.ndenumerate(m):
+        if j % (4 if m is stage_tid else 1) == 0:
+            ax.text(j, i, t, ha="center", va="center", fontsize=5)
+    ax.set_title(title, fontsize=9, loc="left"); ax.set_xlabel(xl); ax.set_ylabel(yl)
+assert stage_tid[0, 5] == 5 and stage_tid[8, 0] == (8 * 32) % K.THREADS
 
 # %% [markdown]
 # ## A cache whose arena lives on the device
@@ -147,3 +205,21 @@ check("7", dict(num_work=num_work, blocks=blocks),
                  blocks="the grid is (row tiles, num_kv_heads, num_splits)."),
       done=f"Without split-K, {p5.num_work * 8} blocks: fewer than an A100 has "
            "multiprocessors (108), which is why split-K exists.")
+
+# %% [markdown]
+# ## Self-check
+#
+# 1. In the score phase, which thread computes the score of row 3 against key lane 5?
+#    <details><summary>answer</summary>`tid = 3 * TILE_N + 5 = 53`.</details>
+# 2. Why do neighbouring threads load neighbouring `d` of one key, not neighbouring keys?
+#    <details><summary>answer</summary>In HND one key's `head_dim` values are contiguous,
+#    so a warp's 32 loads hit one run of memory (coalesced); neighbouring keys would be
+#    `head_dim` floats apart.</details>
+# 3. A decode batch of 2 sequences, 8 query heads, 8 kv heads (MHA), `ROWS = 8`: how many
+#    row tiles, and how full is each?
+#    <details><summary>answer</summary>2 (one per sequence); a decode row tile has
+#    `n_q x group = 1` row of 8, so 7/8 of its score threads idle: GQA fills tiles
+#    better.</details>
+# 4. What stays on the host when the arena is on the device, and why?
+#    <details><summary>answer</summary>The pool, block tables, hashes and eviction order:
+#    small branchy bookkeeping; only the arena and the arithmetic move.</details>

@@ -9,6 +9,16 @@
 # The model is fetched once (98 MB) into `~/.cache/paged_np`; loading it
 # dequantizes the weights to float32. We load it once and build a fresh `pnp.LLM`
 # around it for each experiment (`backend="numpy"`: no compile time, easy to read).
+#
+# **What you need:** notebooks 1-5 (pages, the online softmax, prefix hits, preemption,
+# the engine's step); notebook 6's roofline for section 5. About 100 MB of disk for
+# the model, downloaded on first use.
+#
+# **What you will be able to do:** size an arena from a memory budget; see prefix reuse
+# and preemption on real chats, with the text unchanged; split a decode step's time
+# between weights and KV; read TTFT, time per output token and inter-token latency off a
+# run, and trade them against throughput with the engine's two budgets; recognise three
+# classic paged-attention mistakes by what they do to real text.
 
 # %%
 import time
@@ -254,11 +264,12 @@ assert mm_flops > att_flops and mm_bytes > att_bytes
 # tuned for bandwidth (notebook 6). The measured split above also carries Python
 # overhead per layer, which a compiled server removes.
 #
-# ## 6. The seed's three mistakes, on real text
+# ## 6. Three classic mistakes, on real text
 #
-# A popular blog version of paged attention, which this package started from, makes
-# three mistakes. Each is written below as a small wrong kernel or policy, switched
-# in on purpose, and run on the real model beside the right one.
+# A popular blog post that implements paged attention from scratch makes three mistakes
+# that are easy to make and hard to see on random data. Each is written below as a small
+# wrong kernel or policy, switched in on purpose, and run on the real model beside the
+# right one.
 #
 # 1. **Per-page softmax**: it softmaxes each page's scores on its own and adds the
 #    pages' outputs. Each page's weights sum to 1, so a sequence of 4 pages gets
@@ -441,6 +452,119 @@ ax.invert_yaxis();
 # conditioned on the wrong one. The right kernel (notebook 2) and the ref-counted pool
 # (notebook 3) are why the tight arena of section 4 gives the same text as a roomy one.
 #
+# ## 7. Latency: what a user waits for
+#
+# Throughput (tokens per second over the whole server) is what the operator counts; a
+# user waits for three other things, which vLLM's metrics report per request:
+#
+# - **TTFT**, time to first token: queueing plus the prefill of the prompt;
+# - **TPOT**, time per output token: `(t_last - t_first) / (n - 1)`, the pace of the
+#   answer once it started;
+# - **ITL**, inter-token latency: each gap between two tokens; its tail (p90, max) is the
+#   stutter a user sees when a long prefill shares a step with their decode.
+#
+# The engine reports each request's output after every step (`engine.request_output`)
+# and its own step count and time split (`engine.metrics`); stamping each new token with
+# the time of its step gives all three. Here the three chats, served together:
+
+# %%
+def timed_run(llm, prompts):
+    """Serve prompts stepping by hand; the time of each generated token, per request."""
+    eng, t0 = llm.engine, time.perf_counter()
+    ids = [eng.add_request(tok.encode(p), GREEDY, request_id=f"c{i}")
+           for i, p in enumerate(prompts)]
+    stamps, outs = {i: [] for i in ids}, {}
+    while eng.has_unfinished_requests():
+        done = {o.request_id: o for o in eng.step()}
+        now = time.perf_counter() - t0
+        for i in ids:
+            if i in outs:
+                continue
+            o = done.get(i) or eng.request_output(i)
+            stamps[i] += [now] * (len(o.outputs[0].token_ids) - len(stamps[i]))
+            if i in done:
+                outs[i] = o
+    return stamps
+
+
+stamps = timed_run(make_llm(num_pages=64, page_size=P), prompts)
+for i, st in stamps.items():
+    gaps = np.diff(st)
+    print(f"{i}: TTFT {st[0] * 1e3:5.0f} ms   TPOT {(st[-1] - st[0]) / (len(st) - 1) * 1e3:4.0f} ms"
+          f"   ITL median {np.median(gaps) * 1e3:4.0f} ms, max {gaps.max() * 1e3:4.0f} ms")
+assert all(len(st) == GREEDY.max_tokens for st in stamps.values())
+
+# %% [markdown]
+# All three prompts fit one step, so they share one TTFT: the prefill of every prompt
+# together. Why is a prefill step of ~200 tokens not 200 times a decode step? A decode
+# step reads every weight to produce one token per sequence: it is **memory-bound**
+# (section 5: about 2 FLOP per byte). A prefill step reads the same weights once for
+# all its tokens, so its FLOPs per byte grow with the tokens, until the arithmetic, not
+# the bus, is the limit: it becomes **compute-bound**. The committed benchmark
+# `benchmarks/latency_sweep.py` timed one prefill step of T tokens on this model
+# (`benchmarks/latency_sweep.json`; the machine and its load are recorded there):
+
+# %%
+import json
+from pathlib import Path
+
+sweep_path = Path(pnp.__file__).resolve().parents[1] / "benchmarks" / "latency_sweep.json"
+sweep = json.loads(sweep_path.read_text())
+pre = sweep["prefill"]
+fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+axes[0].loglog([p["tokens"] for p in pre], [p["s_per_token"] * 1e3 for p in pre], "o-")
+axes[0].set_xlabel("prompt tokens in the step"); axes[0].set_ylabel("ms per token")
+axes[0].set_title("prefill: the weights' read shared by more tokens", fontsize=9, loc="left")
+for budget in sorted({r["max_num_batched_tokens"] for r in sweep["sweep"]}):
+    rows = [r for r in sweep["sweep"] if r["max_num_batched_tokens"] == budget]
+    axes[1].plot([r["tpot_mean_s"] * 1e3 for r in rows],
+                 [r["throughput_tok_s"] for r in rows], "o-",
+                 label=f"max_num_batched_tokens={budget}")
+    for r in rows:
+        axes[1].annotate(r["max_num_seqs"], (r["tpot_mean_s"] * 1e3, r["throughput_tok_s"]),
+                         fontsize=7, xytext=(3, 3), textcoords="offset points")
+axes[1].set_xlabel("time per output token (ms)"); axes[1].set_ylabel("throughput (tok/s)")
+axes[1].set_title("the sweep: numbers are max_num_seqs", fontsize=9, loc="left")
+axes[1].legend(fontsize=7)
+print(sweep["machine"])
+
+# %% [markdown]
+# What to expect, in principle: one sequence at a time gives a user the best pace per
+# token and the server the worst throughput. More seats (`max_num_seqs`) share each read
+# of the weights among more sequences, so throughput climbs while each step, and so the
+# time per output token, grows slowly (decode is memory-bound). TTFT moves the other way
+# with few seats: a request waits for others to *finish* before its prefill starts. A
+# small token budget cuts prompts into chunks: a step with a chunk in it is shorter, so
+# decodes sharing it stutter less (ITL's tail), and the prompt's own TTFT grows. The two
+# budgets are the server's dial between a user's latency and the operator's throughput;
+# vLLM exposes the same two.
+#
+# What the committed run shows is printed below, from the same file. It was measured on
+# a 2-core machine that other jobs loaded heavily (its load average is recorded above),
+# which stretched every step by a factor that changed from minute to minute: the times
+# are noisy, and only the largest differences in them mean anything. The **steps**
+# column does not depend on the machine: the same 192 tokens took 192 steps at one seat
+# and a tenth of that at twelve, each step one read of the weights. Run
+# `python benchmarks/latency_sweep.py` on a quiet machine of your own to see the times
+# follow.
+
+# %%
+print(f"{'seqs':>4} {'budget':>6} {'steps':>5} {'tok/s':>6} {'TTFT s':>7} {'TPOT ms':>8} "
+      f"{'ITL p90 ms':>10}")
+for r in sweep["sweep"]:
+    print(f"{r['max_num_seqs']:>4} {r['max_num_batched_tokens']:>6} {r['steps']:>5} "
+          f"{r['throughput_tok_s']:>6.1f} {r['ttft_mean_s']:>7.1f} "
+          f"{r['tpot_mean_s'] * 1e3:>8.0f} {r['itl_p90_s'] * 1e3:>10.0f}")
+one = {r["max_num_batched_tokens"]: r for r in sweep["sweep"] if r["max_num_seqs"] == 1}
+most = {r["max_num_batched_tokens"]: r for r in sweep["sweep"]
+        if r["max_num_seqs"] == max(x["max_num_seqs"] for x in sweep["sweep"])}
+for budget in one:
+    print(f"budget {budget}: throughput x{most[budget]['throughput_tok_s'] / one[budget]['throughput_tok_s']:.1f}"
+          f" from 1 seat to {most[budget]['max_num_seqs']}, TPOT "
+          f"x{most[budget]['tpot_mean_s'] / one[budget]['tpot_mean_s']:.1f}, mean TTFT "
+          f"x{most[budget]['ttft_mean_s'] / one[budget]['ttft_mean_s']:.2f}")
+
+# %% [markdown]
 # ## What this notebook taught, and its exercise
 #
 # - **8a**: pages from a byte budget, and how many chats that holds.
@@ -448,3 +572,28 @@ ax.invert_yaxis();
 #   `num_cached_tokens`; preemption leaves greedy text unchanged.
 # - Decode time goes to the matmuls at short context: weights are read once per step,
 #   KV once per sequence.
+# - TTFT, TPOT and ITL from a run; prefill compute-bound, decode memory-bound; the two
+#   budgets trade latency for throughput.
+#
+# ## Self-check
+#
+# 1. Three chats share a system prompt of 3 full pages. What are those pages' ref counts
+#    while all three run, and what happens to them when all three finish?
+#    <details><summary>answer</summary>3 each; when the last chat finishes they drop to
+#    0 and become CACHED, ready for the next chat's prefix hit.</details>
+# 2. Why does preemption by recompute leave greedy text unchanged?
+#    <details><summary>answer</summary>The victim's tokens are recomputed from the same
+#    inputs by the same model, so its KV comes out the same (its own cached pages even
+#    come back as prefix hits), and greedy picks the same tokens.</details>
+# 3. Why does batching more sequences raise throughput but barely slow each decode step at
+#    short context?
+#    <details><summary>answer</summary>The step reads all the weights once whatever the
+#    batch; each added sequence adds only its own KV reads and a row of arithmetic.
+#    </details>
+# 4. A user complains that answers start late but then stream fast. Which budget do you
+#    look at first?
+#    <details><summary>answer</summary>TTFT: `max_num_seqs` (requests wait for a seat)
+#    and the token budget (a long prompt's chunks).</details>
+# 5. Which of the three mistakes changes nothing in decode with one page per sequence?
+#    <details><summary>answer</summary>The per-page softmax: with a single page, its
+#    softmax is the whole softmax.</details>

@@ -15,3 +15,13 @@ def waste_fraction(lengths, page_size):
     """Fraction of reserved slots left empty: lengths [n] int, page_size P -> float."""
     reserved = np.sum(-(-lengths // page_size)) * page_size   # whole pages per request
     return 1 - lengths.sum() / reserved
+
+# %% exercise 1c
+def allocate_slots(free, block_table, num_tokens, n, page_size):
+    """Slots of tokens num_tokens .. num_tokens + n - 1; pops pages off `free` as needed."""
+    slots = []
+    for t in range(num_tokens, num_tokens + n):
+        if t // page_size == len(block_table):     # the last page is full: a fresh one
+            block_table.append(free.pop())         # the top of the stack
+        slots.append(block_table[t // page_size] * page_size + t % page_size)
+    return slots

@@ -13,3 +13,23 @@ next_victim = order[1]
 # Leaves were last used in the order q0, q1, q2, q3; serving q0 again makes its path the
 # youngest, which leaves q1's leaf the least recently used.
 next_leaf = "q1"
+
+# %% exercise 3c
+def cached_prefix(index, token_ids, page_size):
+    """Page ids of the longest cached prefix of token_ids (whole pages), in order."""
+    parent, pages = ROOT_HASH, []
+    for i in range(len(token_ids) // page_size):      # full pages only
+        tokens = token_ids[i * page_size:(i + 1) * page_size]
+        parent = hash_page(parent, tokens)
+        page = index.lookup(parent, tokens)
+        if page is None:
+            break
+        pages.append(page)
+    return pages
+
+# %% exercise 3d
+class MyLFU(pnp.EvictionPolicy):
+    name = "my-lfu"
+
+    def priority(self, entry):
+        return (entry.hit_count, entry.last_access_time)   # fewest hits, then oldest

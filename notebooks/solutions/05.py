@@ -18,3 +18,21 @@ at_step = 4
 # (positions 20 and 21): it held only rejected drafts and goes back.
 written_after = 17
 freed = [5]
+
+# %% exercise 5c
+def schedule_decodes(running, held, need, available):
+    """-> (scheduled, preempted): lists of request names."""
+    running, scheduled, preempted = list(running), [], []
+    i = 0
+    while i < len(running):
+        r = running[i]
+        while need[r] > available:           # no page: preempt the newest, maybe r
+            victim = running.pop()
+            preempted.append(victim)
+            available += held[victim]
+            if victim == r:
+                return scheduled, preempted  # it preempted itself: the step ends
+        available -= need[r]
+        scheduled.append(r)
+        i += 1
+    return scheduled, preempted

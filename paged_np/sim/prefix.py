@@ -113,7 +113,7 @@ def _request(index: int, prompt: list, num_output: int) -> Request:
 
 def serve(trace, parent, prefix_cache: str, schedule: str, num_pages: int, page_size: int,
           max_running: int = MAX_RUNNING,
-          max_batched_tokens: int = MAX_BATCHED_TOKENS) -> dict:
+          max_batched_tokens: int = MAX_BATCHED_TOKENS, eviction_policy="lru") -> dict:
     """Serve the trace with the engine's scheduler and cache; see the module docstring.
 
     Each step is :meth:`Engine.step` without the model: the scheduler picks
@@ -121,11 +121,13 @@ def serve(trace, parent, prefix_cache: str, schedule: str, num_pages: int, page_
     (``cache.append_tokens``, as the engine records a step), and a sequence
     that reached the end of what it knows "samples" the trace's next output
     token. A request whose output is complete is removed (its full pages stay
-    cached) and the requests waiting for it join the queue.
+    cached) and the requests waiting for it join the queue. ``eviction_policy``
+    is :class:`~paged_np.EngineConfig`'s (a name or an ``EvictionPolicy``
+    subclass: the capstone of the notebooks measures its own here).
     """
     config = EngineConfig(num_pages=num_pages, page_size=page_size, max_num_seqs=max_running,
                           max_num_batched_tokens=max_batched_tokens, schedule=schedule,
-                          prefix_cache=prefix_cache)
+                          prefix_cache=prefix_cache, eviction_policy=eviction_policy)
     cache = PagedKVCache(config.cache_config(TINY_MODEL))
     sched = Scheduler(cache, config)
     outputs = [r.output.tolist() for r in trace]
