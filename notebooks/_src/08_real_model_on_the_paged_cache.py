@@ -377,20 +377,20 @@ def blog_pool(pool):
 
 # %%
 def logits_recorder(llm):
-    """Record, per (request, token index), the logits row it was sampled from."""
-    eng, got = llm.engine, {}
-    post = eng._postprocess
+    """Record, per (request, token index), the logits row it was sampled from.
 
-    def record(scheduled, logits):
-        row = 0
-        for req, n, _ in scheduled:
-            if req.num_computed_tokens + n == req.num_tokens:
-                key = (req.parent.request_id, len(req.sample.token_ids))
-                got[key] = logits[row].copy()
-                row += 1
-        post(scheduled, logits)
+    ``Engine.add_logits_listener`` hands us each row the model scores: here the
+    row of each generated token, in order (``position`` is where in the
+    sequence it was scored; we only need the count). The row is a view: copy it.
+    """
+    got, seen = {}, {}
 
-    eng._postprocess = record
+    def record(request_id, sample_index, position, row):
+        i = seen.get(request_id, 0)
+        got[request_id, i] = row.copy()
+        seen[request_id] = i + 1
+
+    llm.engine.add_logits_listener(record)
     return got
 
 
