@@ -21,7 +21,8 @@ from attention_cases import TOL, make_paged_case, prefill_query_counts, rel_erro
 from numba import njit
 
 from paged_np.attention import numba_cpu, numba_kernels, numba_plan, numba_prefill
-from paged_np.attention.numba_kernels import _half_bits_to_f32, exp2, half_to_f32, to_f32
+from paged_np.attention.numba_kernels import exp2
+from paged_np.attention.numba_widen import _half_bits_to_f32, half_to_f32, to_f32
 
 
 def run(case, *, window=0, **knobs):
