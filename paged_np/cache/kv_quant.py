@@ -77,12 +77,12 @@ def format_of_pages(dtype) -> str:
 def fp8_e4m3_encode(y: np.ndarray) -> np.ndarray:
     """float ``y`` (any shape, ``|y| <= 448``) -> uint8 e4m3 codes, nearest (ties to even)."""
     a = np.minimum(np.abs(y.astype(np.float64)), 448.0)
-    hi = np.searchsorted(_FP8_POSITIVE, a)                       # pos[hi-1] < a <= pos[hi]
+    hi = np.minimum(np.searchsorted(_FP8_POSITIVE, a), 0x7E)     # pos[hi-1] < a <= pos[hi]
     lo = np.maximum(hi - 1, 0)
     d_lo, d_hi = a - _FP8_POSITIVE[lo], _FP8_POSITIVE[hi] - a
     # Nearer code; on a tie the even code (its last mantissa bit 0), as IEEE rounds.
     code = np.where((d_hi < d_lo) | ((d_hi == d_lo) & (hi % 2 == 0)), hi, lo)
-    return (code | np.where(np.signbit(y) & (code > 0), 0x80, 0)).astype(np.uint8)
+    return (code | np.where(np.signbit(y), 0x80, 0)).astype(np.uint8)   # -0 stays -0
 
 
 def quantize(x: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
