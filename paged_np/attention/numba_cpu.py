@@ -44,8 +44,8 @@ decode step goes and what each choice measured is in
 Simplified compared with vLLM/FlashInfer: no hand-written assembly
 micro-kernels (the loops are written so LLVM vectorises them), no ALiBi or
 soft-capping. 8-bit pages (int8, fp8 e4m3) are read as codes, widened in the
-inner loops (:mod:`.numba_widen`) and scaled once per token
-(:func:`~paged_np.attention.numba_kernels.scale_columns`).
+inner loops (:mod:`.numba_widen`) and scaled once per score and weight
+(:func:`~paged_np.attention.numba_kernels.online_softmax_scaled`).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from .numba_kernels import (
     accumulate_pv,
     mask_scores,
     online_softmax,
-    scale_columns,
+    online_softmax_scaled,
     tile_scores,
 )
 from .numba_plan import (  # the plan, plain NumPy (re-exported: tests and benchmarks)
@@ -87,14 +87,16 @@ BLOCK_KEYS = 128
 
 @njit(**JIT_OPTIONS)
 def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, klo, khi, window,
-                 out, lse, qt, row_pos, s, m, l, acc, k_scales, v_scales, quant):
+                 out, lse, qt, row_pos, s, m, l, acc, k_scales, v_scales, ksc, vsc):
     """One work item: ``nq`` queries x ``n_kv * G`` heads against keys ``[klo, khi)``.
 
     The item covers kv heads ``kvh0 .. kvh0 + n_kv - 1``. Writes the
     normalised output ``out[q0:q0+nq, kvh0*G:(kvh0+n_kv)*G]`` and its
     log-sum-exp (natural log; :data:`EMPTY` for a row that saw no key).
     The rest are per-thread scratch arrays, sized for the largest item, and
-    the scales of 8-bit pages (used only when ``quant``).
+    the scales of 8-bit pages (None for float pages: Numba then compiles a
+    version without the scaling, its ``is not None`` branches pruned) with
+    ``ksc, vsc`` ``[n_kv, KB]``, scratch for one block's scales.
     """
     H, D = q2.shape[1], q2.shape[2]
     P = k_pages.shape[2]
@@ -127,20 +129,21 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, kl
             for h in range(n_kv):  # the kv heads' tiles of a page lie side by side
                 tile_scores(qt, k_pages, bt_row[j], kvh0 + h, s, h * R4, (h + 1) * R4, c,
                             min(n - c, P), nxt)
-                if quant:  # score = scale_k * (q . codes), one multiply per score
-                    scale_columns(s, k_scales, bt_row[j], kvh0 + h, h * R4, (h + 1) * R4, c,
-                                  min(n - c, P))
+                if k_scales is not None:  # 8-bit: this page's scales, for the softmax
+                    for t in range(min(n - c, P)):
+                        ksc[h, c + t] = k_scales[bt_row[j], kvh0 + h, t]
+                        vsc[h, c + t] = v_scales[bt_row[j], kvh0 + h, t]
         # Mask only blocks that some row cannot fully see (causal edge, window).
         if key0 + n - 1 > first_pos or (window > 0 and key0 <= last_pos - window):
             mask_scores(s, row_pos, RT, key0, n, window)
-        online_softmax(s, m, l, acc, RT, n)
+        if k_scales is not None:  # scales each score and weight by its token's scales
+            online_softmax_scaled(s, m, l, acc, RT, n, ksc, vsc, R4)
+        else:
+            online_softmax(s, m, l, acc, RT, n)
         for j in range(blk, blk_hi):  # acc[:RT] += p[:RT, :n] @ V
             c = (j - blk) * P
             nxt = bt_row[j + 1] if j + 1 < page_hi else -1
             for h in range(n_kv):
-                if quant:  # weight * scale_v (the sum l already has the plain weights)
-                    scale_columns(s, v_scales, bt_row[j], kvh0 + h, h * R4, (h + 1) * R4, c,
-                                  min(n - c, P))
                 accumulate_pv(s, v_pages, bt_row[j], kvh0 + h, acc, h * R4, (h + 1) * R4, c,
                               min(n - c, P), nxt)
     for h in range(n_kv):
@@ -156,7 +159,7 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, kl
 
 @njit(**JIT_OPTIONS)
 def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items, w0, w1,
-               max_rows, window, part_out, part_lse, heads_per_item, k_scales, v_scales, quant):
+               max_rows, window, part_out, part_lse, heads_per_item, k_scales, v_scales):
     """Items ``w0:w1`` of the plan, one after the other, sharing one set of scratch arrays.
 
     ``max_rows``: the most rows (queries x G) an item has per kv head; each
@@ -176,6 +179,8 @@ def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, it
     m = np.empty(RT, np.float32)
     l = np.empty(RT, np.float32)
     acc = np.empty((RT, D), np.float32)
+    ksc = np.empty((heads_per_item, KB), np.float32)  # a block's scales (8-bit pages)
+    vsc = np.empty((heads_per_item, KB), np.float32)
     for w in range(w0, w1):
         it = items[w]
         b, q0, nq = it[ITEM_SEQ], it[ITEM_Q0], it[ITEM_NQ]
@@ -186,7 +191,7 @@ def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, it
         _attend_item(q2, k_pages, v_pages, block_tables[b], first_pos, q0, nq, it[ITEM_KVH],
                      heads_per_item, it[ITEM_KLO], it[ITEM_KHI], window, part_out[it[ITEM_SPLIT]],
                      part_lse[it[ITEM_SPLIT]], qt, row_pos, s, m, l, acc, k_scales, v_scales,
-                     quant)
+                     ksc, vsc)
 
 
 def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
@@ -204,10 +209,7 @@ def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
     """
     per_thread = items.shape[0] // num_threads
     args = (q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items)
-    quant = k_scales is not None
-    if not quant:  # one compiled signature for every format: unused 1-element scales
-        k_scales = v_scales = _NO_SCALES
-    tail = (max_rows, window, part_out, part_lse, heads_per_item, k_scales, v_scales, quant)
+    tail = (max_rows, window, part_out, part_lse, heads_per_item, k_scales, v_scales)
     futures = []
     try:
         pool = _pool(num_threads) if num_threads > 1 else None
@@ -222,9 +224,6 @@ def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
     for f in futures:
         f.result()  # a worker's exception, raised here
 
-
-#: The scales argument of float pages (never read: ``quant`` is False).
-_NO_SCALES = np.ones((1, 1, 1), np.float32)
 
 # One pool per thread count, made on first use. Two threads may ask at once
 # (the lock), and a forked child inherits the dict but not the worker threads:

@@ -16,8 +16,8 @@ uint8       an fp8 e4m3 code: an entry of the 256-float table
             :data:`paged_np.cache.kv_quant.FP8_E4M3` (1 KiB, stays in L1)
 ==========  =======================================================
 
-The scale of an 8-bit row is applied elsewhere, once per token
-(:func:`paged_np.attention.numba_kernels.scale_columns`).
+The scale of an 8-bit row is applied elsewhere, once per score and per weight
+(:func:`paged_np.attention.numba_kernels.online_softmax_scaled`).
 """
 
 from __future__ import annotations
