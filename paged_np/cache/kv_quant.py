@@ -22,14 +22,20 @@ head shares it. Quantizing a row is symmetric (no zero point)::
                                    # fp8: to the nearest e4m3 value (ties to even)
     x'    = q * scale              # what attention reads back
 
-Why per token (and not per page, nor per 32 values as llama.cpp's q8_0): a
-page fills one token at a time during decode, and a token's scale is fixed
-when it is written, so nothing is ever re-quantized; the kernels multiply one
-score (K) or one weight (V) by it, not every element; and on SmolLM2's real
-K/V its error is within a few percent of q8_0's blocks while a per-page scale
-is several times worse (``benchmarks/kv_scale_granularity.py``). It costs 4
-bytes per ``head_dim`` bytes: with ``head_dim = 64`` a token-head takes 68
-bytes against float32's 256, 3.76x the pages per MiB.
+Why one scale per token-head (and not per page, nor per 32 values as
+llama.cpp's q8_0), measured on SmolLM2-135M's own K/V
+(``benchmarks/kv_scale_granularity.md``: relative RMS error of each layer's
+attention output against float32 K/V, int8):
+
+- a page fills one token at a time during decode; a token's scale is fixed
+  when it is written, so nothing is ever re-quantized. A per-page scale must
+  be fixed before the page is full or re-quantize it, and even the ideal one
+  (from the full page's maximum) errs 1.6x more (3.2e-2 against 2.0e-2);
+- the kernels apply it once per score (K) and once per weight (V), never per
+  element, which keeps int8 decode near float16's speed (q8_0's blocks would
+  cut every dot product into ``head_dim / 32`` scaled parts);
+- q8_0's blocks err 0.7x as much (1.4e-2) but cost 72 bytes a row instead of
+  68 (``head_dim = 64``): 3.56x float32's pages per MiB instead of 3.76x.
 
 fp8 e4m3 (the "fn" variant of the OCP spec, as in vLLM and PyTorch's
 ``float8_e4m3fn``): 1 sign bit, 4 exponent bits (bias 7), 3 mantissa bits; no
