@@ -202,3 +202,26 @@ def test_every_format_picks_the_dense_first_token(model):
         out = engine.generate([prompt], pnp.SamplingParams(max_tokens=1, temperature=0.0))
         assert out[0].token_ids == [int(np.argmax(dense))]
         assert engine.cache.cfg.kv_cache_dtype == fmt
+
+
+# ------------------------------------------------------------------ the simulation
+def test_simulation_slots_follow_the_page_bytes():
+    from paged_np.sim.simulate import KV_SLOTS, kv_slots, page_bytes
+
+    assert kv_slots("float16") == KV_SLOTS                      # the paper's budget
+    assert page_bytes("int8") == 2 * 40 * 40 * 16 * (128 + 4)   # codes + a scale per row
+    assert kv_slots("int8") == kv_slots("fp8_e4m3")
+    assert kv_slots("int8") / KV_SLOTS == pytest.approx(256 / 132, rel=1e-3)
+    assert kv_slots("auto") == pytest.approx(KV_SLOTS / 2, abs=16)    # whole pages
+
+
+def test_simulation_int8_holds_more_of_a_trace():
+    """Served through the real cache, the int8 budget admits more requests at once."""
+    from paged_np.sim import workloads as wl
+    from paged_np.sim.simulate import kv_slots, serve_paged
+
+    trace = wl.sample_requests(wl.DATASETS["sharegpt"], 60, np.random.default_rng(0))
+    f16 = serve_paged(trace, 16, num_slots=kv_slots("float16") // 8)
+    i8 = serve_paged(trace, 16, num_slots=kv_slots("int8") // 8)
+    assert i8["batch_size"] > 1.5 * f16["batch_size"]
+    assert i8["preemptions"] < f16["preemptions"]
