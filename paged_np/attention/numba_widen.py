@@ -12,8 +12,8 @@ uint16      float16 bits (Numba has no float16 arrays on the CPU):
             one ``vcvtph2ps`` per 8 or 16 values with F16C, integer
             operations without (:func:`target_widens_half` asks LLVM)
 int8        the int8 code of ``kv_cache_dtype="int8"``, converted
-uint8       an fp8 e4m3 code: an entry of the 256-float table
-            :data:`paged_np.cache.kv_quant.FP8_E4M3` (1 KiB, stays in L1)
+uint8       an fp8 e4m3 code, by bit operations (:func:`fp8_bits_to_f32`):
+            a shift into float32's bit positions and one multiply
 ==========  =======================================================
 
 The scale of an 8-bit row is applied elsewhere, once per score and per weight
@@ -115,6 +115,27 @@ def _half_to_f32_jit(h):
     return lambda h: _half_bits_to_f32(h)
 
 
+#: 2**120: moves an e4m3 exponent (bias 7) placed in float32's bits (bias 127) back.
+_FP8_REBIAS = np.float32(2.0**120)
+
+
+@njit(**JIT_OPTIONS)
+def fp8_bits_to_f32(b):
+    """An fp8 e4m3 code (uint8) as float32, by bit operations (equal to the table).
+
+    The code's 4 exponent and 3 mantissa bits, shifted left by 20, land in
+    float32's exponent and mantissa fields: as a float32 that is the e4m3
+    value times ``2**(7 - 127)`` (the exponent biases differ by 120), also for
+    e4m3's subnormals, which become float32 subnormals. One multiply by
+    ``2**120`` undoes it, and the sign bit moves to bit 31. No branch and no
+    table: LLVM vectorises it (the table lookup, a gather, measured 3.7x
+    slower at context 8192). ``0x7F`` (NaN) would read 480; it is never stored.
+    """
+    x = np.uint32(b)
+    bits = ((x & np.uint32(0x80)) << np.uint32(24)) | ((x & np.uint32(0x7F)) << np.uint32(20))
+    return np.uint32(bits).view(np.float32) * _FP8_REBIAS
+
+
 def to_f32(x):
     """One K or V element as float32: unchanged, widened from float16 bits, an int8
     code converted, or an fp8 e4m3 code looked up (the scale is not applied here)."""
@@ -129,8 +150,8 @@ def to_f32(x):
 def _to_f32_jit(x):
     if x == types.uint16:
         return _widen_impl()
-    if x == types.uint8:      # the table is a global array: Numba freezes it into the code
-        return lambda x: FP8_E4M3[x]
+    if x == types.uint8:
+        return lambda x: fp8_bits_to_f32(x)
     if x == types.int8:
         return lambda x: np.float32(x)
     return lambda x: x
