@@ -28,7 +28,7 @@ class PagedAttentionArgs(NamedTuple):
     """Validated arguments, in the order of a backend's ``forward`` (bar ``return_lse``)."""
 
     q: object                  # float32 [T, num_heads, head_dim]
-    k_pages: object            # float32|float16 [num_pages, num_kv_heads, page_size, head_dim]
+    k_pages: object            # f32|f16|int8|uint8 (fp8) [num_pages, Hkv, page_size, D]
     v_pages: object            # same as k_pages
     block_tables: np.ndarray   # int32 [B, max_pages]
     seq_lens: np.ndarray       # int32 [B]

@@ -86,14 +86,21 @@ def bench_kv_dtypes(contexts, rounds: int, repeat: int, log) -> dict:
                 errs[fmt + "_kernel"] = _rel_err(out, exact)
             nbytes[fmt] = kp.nbytes + vp.nbytes + sum(s.nbytes for s in kw.values())
             del kp, vp, kw
-        best = {fmt: float("inf") for fmt in fns}
+        times = {fmt: [] for fmt in fns}                      # best of `repeat`, per round
         for _ in range(rounds):
             for fmt, fn in fns.items():
                 settle(0.3)
-                best[fmt] = min(best[fmt], best_time(fn, repeat, warmup=0))
+                times[fmt].append(best_time(fn, repeat, warmup=0))
+        best = {fmt: min(t) for fmt, t in times.items()}
         for fmt in FORMATS:
+            # Each round times every format back to back: the median of the rounds' ratios
+            # is the figure that holds when other work comes and goes between rounds.
+            per_round = [t / t32 for t, t32 in zip(times[fmt], times["auto"])]
             row = {"context": ctx, "dtype": fmt, "ms": best[fmt] * 1e3,
-                   "vs_float32": best[fmt] / best["auto"], "gbs": nbytes[fmt] / best[fmt] / 1e9,
+                   "vs_float32": float(np.median(per_round)),
+                   "vs_float32_best": best[fmt] / best["auto"],
+                   "vs_float32_rounds": [round(r, 3) for r in per_round],
+                   "gbs": nbytes[fmt] / best[fmt] / 1e9,
                    "rel_error_vs_float32": errs[fmt],
                    "kernel_error_vs_dequantized": errs.get(fmt + "_kernel")}
             res["decode"].append(row)
@@ -114,7 +121,8 @@ def write_kv_table(res: dict) -> str:
         f"({m['isa']['cpu_isa']}), {m['threads']} threads, numba {m['numba']}; "
         f"1-minute load average {m['load_average']} at start and end "
         "(the machine was shared with other work: read the ratios, which come from "
-        f"formats timed in alternation, {m['rounds']} rounds, best time of each).",
+        f"formats timed back to back in each of {m['rounds']} rounds; a round's time of a "
+        "format is its best of a few calls).",
         "",
         "## Capacity (scales included), pages of 16 tokens",
         "",
@@ -130,18 +138,21 @@ def write_kv_table(res: dict) -> str:
         f"heads of {D}",
         "",
         "`error` is `max|out - ref| / max|ref|` against the same attention over the "
-        "float32 K/V the pages were made from (random normal K/V: a harder case for the "
-        "8-bit formats than a model's, whose rows are smoother); `kernel error` is against "
-        "attention over the dequantized K/V, the kernel's own rounding.",
+        "float32 K/V the pages were made from (random normal K/V; on a real model's K/V see "
+        "`kv_scale_granularity.md`); `kernel error` is against attention over the "
+        "dequantized K/V, the kernel's own rounding. `vs float32`: the median over the "
+        "rounds of the ratio within a round (min-max over rounds beside it); `ms`: the "
+        "best round.",
         "",
-        "| context | kv_cache_dtype | ms | vs float32 | GB/s of K/V read | error | "
+        "| context | kv_cache_dtype | ms | vs float32 (min-max) | GB/s of K/V read | error | "
         "kernel error |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in res["decode"]:
         kerr = r["kernel_error_vs_dequantized"]
         lines.append(f"| {r['context']} | {r['dtype']} | {r['ms']:.2f} | "
-                     f"{r['vs_float32']:.3f}x | {r['gbs']:.1f} | "
+                     f"{r['vs_float32']:.3f}x ({min(r['vs_float32_rounds']):.2f}-"
+                     f"{max(r['vs_float32_rounds']):.2f}) | {r['gbs']:.1f} | "
                      f"{r['rel_error_vs_float32']:.1e} | "
                      f"{'-' if kerr is None else f'{kerr:.1e}'} |")
     return "\n".join(lines) + "\n"
@@ -149,7 +160,7 @@ def write_kv_table(res: dict) -> str:
 
 def run(out_dir: str, quick: bool, log) -> int:
     """Measure, write ``kv_dtype.json`` and ``kv_dtype.md`` into ``out_dir``, print the table."""
-    rounds, repeat = (2, 2) if quick else (4, 3)
+    rounds, repeat = (2, 2) if quick else (9, 3)
     load = [os.getloadavg()[0]] if hasattr(os, "getloadavg") else []
     res = bench_kv_dtypes((2048,) if quick else (2048, 8192), rounds, repeat, log)
     if load:
