@@ -225,3 +225,20 @@ def test_simulation_int8_holds_more_of_a_trace():
     i8 = serve_paged(trace, 16, num_slots=kv_slots("int8") // 8)
     assert i8["batch_size"] > 1.5 * f16["batch_size"]
     assert i8["preemptions"] < f16["preemptions"]
+
+
+def test_readme_and_design_quote_the_committed_kv_table():
+    """The decode ratios and capacities quoted in README.md and docs/design.md are those of
+    benchmarks/kv_dtype.json (``python -m paged_np bench --kv-dtypes --out benchmarks``)."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    res = json.loads((root / "benchmarks" / "kv_dtype.json").read_text())
+    ratio = {r["dtype"]: r["vs_float32"] for r in res["decode"] if r["context"] == 8192}
+    smol = {r["dtype"]: r["vs_float32"] for r in res["capacity"] if r["shape"] == "SmolLM2-135M"}
+    for doc in ("README.md", "docs/design.md"):
+        text = " ".join((root / doc).read_text().split())
+        assert f"{smol['int8']:.2f}x float32's pages per MiB" in text, doc
+        assert f"{ratio['int8']:.2f}x float32's time with int8 pages" in text, doc
+        assert f"{ratio['fp8_e4m3']:.2f}x" in text, doc
