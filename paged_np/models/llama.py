@@ -269,8 +269,9 @@ class LlamaModel:
             cache.write_kv(layer, batch.slots, k, v)             # scatter into the arena
             k_pages, v_pages = cache.layer(layer)                # [P, Hkv, page_size, D] views
             k_scales, v_scales = cache.layer_scales(layer)       # 8-bit pages' scales, or None
+            quant = {} if k_scales is None else dict(k_scales=k_scales, v_scales=v_scales)
             attn = paged_attention(q, k_pages, v_pages, metadata=meta, backend=backend,
-                                   k_scales=k_scales, v_scales=v_scales)  # [T, Hq, D]
+                                   **quant)                      # [T, Hq, D]
             x = self.finish_layer(layer, x, attn)                # [T, H]
         return self.logits(x[batch.logits_indices])              # [S, V]
 
