@@ -38,6 +38,13 @@ JIT_OPTIONS = dict(cache=not BOUNDSCHECK, fastmath=True, nogil=True, boundscheck
 EVICTION_POLICIES = ("lru", "fifo", "lfu")
 PREFIX_CACHES = ("hash", "radix")
 KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+#: kv_cache_dtype (vLLM's name) -> the NumPy dtype one K/V element is stored as
+#: (see :mod:`paged_np.cache.kv_quant`; "auto" is float32, fp8 is kept as its bits).
+KV_CACHE_DTYPES = {"auto": np.dtype(np.float32), "float32": np.dtype(np.float32),
+                   "float16": np.dtype(np.float16), "int8": np.dtype(np.int8),
+                   "fp8_e4m3": np.dtype(np.uint8)}
+#: The 8-bit formats, which keep a float32 scale per (token, kv head), and their largest code.
+QMAX = {"int8": 127.0, "fp8_e4m3": 448.0}
 PREEMPTION_MODES = ("recompute", "swap")
 #: The order waiting requests are admitted in (see :mod:`paged_np.engine.schedule_policy`).
 SCHEDULES = ("fcfs", "lpm")
@@ -60,12 +67,36 @@ def check_eviction_policy(name: str, policy) -> None:
             f"got {policy!r}")
 
 
+def kv_format(dtype) -> str:
+    """The canonical kv_cache_dtype of a name or a dtype: "auto" and float32 -> "float32"."""
+    if isinstance(dtype, str):
+        if dtype not in KV_CACHE_DTYPES:
+            raise DTypeError(f"kv_cache_dtype must be one of {tuple(KV_CACHE_DTYPES)}, "
+                             f"got {dtype!r}")
+        return "float32" if dtype == "auto" else dtype
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise DTypeError(f"CacheConfig.dtype: not a dtype: {dtype!r}") from e
+    names = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
+             np.dtype(np.int8): "int8"}
+    if dt not in names:
+        raise DTypeError(f"CacheConfig.dtype must be float32, float16 or int8 (or a name of "
+                         f"{tuple(KV_CACHE_DTYPES)}), got {dt}")
+    return names[dt]
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """Shape of the paged KV cache.
 
     The arena is ``[num_layers, 2, num_pages, num_kv_heads, page_size, head_dim]``
-    (``2`` = K and V), allocated once. ``eviction_policy`` is ``"lru"``,
+    (``2`` = K and V), allocated once. ``dtype`` is a kv_cache_dtype name
+    (``"auto"``, ``"float32"``, ``"float16"``, ``"int8"``, ``"fp8_e4m3"``) or
+    the NumPy dtype float32/float16/int8; it is kept as the storage dtype
+    (fp8 as uint8) and :attr:`kv_cache_dtype` gives the name back. The 8-bit
+    formats add a float32 scale per (token, kv head), ``scales_shape``.
+    ``eviction_policy`` is ``"lru"``,
     ``"fifo"``, ``"lfu"`` or a subclass of :class:`~paged_np.EvictionPolicy`
     (each cache makes its own object of it).
 
@@ -92,13 +123,11 @@ class CacheConfig:
         for name in ("num_pages", "page_size", "num_layers", "num_kv_heads", "head_dim"):
             object.__setattr__(self, name, check_positive_int(f"CacheConfig.{name}",
                                                               getattr(self, name)))
-        try:
-            dt = np.dtype(self.dtype)
-        except TypeError as e:
-            raise DTypeError(f"CacheConfig.dtype: not a dtype: {self.dtype!r}") from e
-        if dt not in KV_DTYPES:
-            raise DTypeError(f"CacheConfig.dtype must be float32 or float16, got {dt}")
-        object.__setattr__(self, "dtype", dt)
+        if isinstance(self.dtype, np.dtype) and self.dtype == np.uint8:
+            name = "fp8_e4m3"                        # the storage dtype of fp8, given back
+        else:
+            name = kv_format(self.dtype)
+        object.__setattr__(self, "dtype", KV_CACHE_DTYPES[name])
         check_eviction_policy("CacheConfig.eviction_policy", self.eviction_policy)
         check_choice("CacheConfig.prefix_cache", self.prefix_cache, PREFIX_CACHES)
 
@@ -108,15 +137,30 @@ class CacheConfig:
                 self.head_dim)
 
     @property
+    def kv_cache_dtype(self) -> str:
+        """The format's name: "float32", "float16", "int8" or "fp8_e4m3"."""
+        return "fp8_e4m3" if self.dtype == np.uint8 else kv_format(self.dtype)
+
+    @property
+    def quantized(self) -> bool:
+        """Whether pages hold 8-bit codes with a scale per (token, kv head)."""
+        return self.dtype.itemsize == 1
+
+    @property
+    def scales_shape(self) -> tuple:
+        """``[num_layers, 2, num_pages, num_kv_heads, page_size]``: a scale per token-head."""
+        return self.arena_shape[:-1]
+
+    @property
     def num_slots(self) -> int:
         """Token slots in the arena: ``num_pages * page_size`` (may exceed 2**31)."""
         return self.num_pages * self.page_size
 
     @property
     def bytes_per_page(self) -> int:
-        """Bytes one page takes across all layers, K and V."""
-        return (self.num_layers * 2 * self.num_kv_heads * self.page_size * self.head_dim
-                * self.dtype.itemsize)
+        """Bytes one page takes across all layers, K and V (its scales included)."""
+        per_row = self.head_dim * self.dtype.itemsize + (4 if self.quantized else 0)
+        return self.num_layers * 2 * self.num_kv_heads * self.page_size * per_row
 
 
 @dataclass(frozen=True)
@@ -287,6 +331,9 @@ class EngineConfig:
     kv_cache_memory: int | str | None = _option(
         None, "KV cache budget in bytes or like '256MiB' (the default when neither is given)")
     page_size: int = _option(16, "tokens per page")
+    kv_cache_dtype: str = _option(
+        "auto", "what a page stores: float32 (auto), float16, or 8-bit codes with a scale "
+        "per token and kv head (int8, fp8_e4m3)", choices=tuple(KV_CACHE_DTYPES))
     max_num_seqs: int = _option(8, "most sequences running at once")
     max_num_batched_tokens: int = _option(
         256, "most tokens in one step (prefill chunks plus decodes)")
@@ -324,6 +371,7 @@ class EngineConfig:
             parse_bytes(self.kv_cache_memory)
         for name in ("page_size", "max_num_seqs", "max_num_batched_tokens"):
             object.__setattr__(self, name, check_positive_int(name, getattr(self, name)))
+        check_choice("kv_cache_dtype", self.kv_cache_dtype, tuple(KV_CACHE_DTYPES))
         check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         if self.swap_pages is not None:
             object.__setattr__(self, "swap_pages", check_int("swap_pages", self.swap_pages, 0))
@@ -361,15 +409,18 @@ class EngineConfig:
             options["num_pages"] = None
         return dataclasses.replace(config, **options)
 
-    def cache_config(self, model_cfg: ModelConfig, dtype=np.float32) -> CacheConfig:
+    def cache_config(self, model_cfg: ModelConfig, dtype=None) -> CacheConfig:
         """The arena for this model: its layers and heads, these pages.
 
         The page count is ``num_pages``, or ``kv_cache_memory`` divided by the
-        bytes of one page, which :attr:`CacheConfig.bytes_per_page` alone computes.
+        bytes of one page, which :attr:`CacheConfig.bytes_per_page` alone computes
+        (so an 8-bit ``kv_cache_dtype`` gets about 3.8x the pages of float32 in
+        the same memory). ``dtype`` (optional) overrides ``kv_cache_dtype``.
         """
         shape = dict(page_size=self.page_size, num_layers=model_cfg.num_layers,
                      num_kv_heads=model_cfg.num_kv_heads, head_dim=model_cfg.head_dim,
-                     dtype=dtype, eviction_policy=self.eviction_policy,
+                     dtype=self.kv_cache_dtype if dtype is None else dtype,
+                     eviction_policy=self.eviction_policy,
                      prefix_cache=self.prefix_cache)
         num_pages = self.num_pages
         if num_pages is None:

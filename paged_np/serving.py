@@ -53,18 +53,19 @@ def serve(engine: Engine, work, on_finish=None) -> list:
     return [results[i] for i in range(len(work))]
 
 
-def warm_up(model, page_size: int, backend: str) -> float:
+def warm_up(model, page_size: int, backend: str, kv_cache_dtype: str = "auto") -> float:
     """Compile the kernels before the clock starts; returns the seconds it took.
 
     Numba compiles each kernel on its first call (about 8 s cold; well under
     a second when its on-disk cache is warm). One small request, whose
     130-token prompt takes the BLAS prefill path and whose two decode steps
     take the decode kernel, triggers every compile a served run needs, so
-    its tokens/s measures serving, not compiling.
+    its tokens/s measures serving, not compiling. ``kv_cache_dtype``: the
+    pages' format, whose kernels are the ones compiled.
     """
     t0 = time.perf_counter()
     engine = Engine(model, num_pages=-(-140 // page_size) + 1, page_size=page_size,
-                    max_num_batched_tokens=256, backend=backend)
+                    max_num_batched_tokens=256, backend=backend, kv_cache_dtype=kv_cache_dtype)
     prompt = [i % model.cfg.vocab_size for i in range(130)]
     engine.generate([prompt], SamplingParams(max_tokens=2, temperature=0.0))
     return time.perf_counter() - t0

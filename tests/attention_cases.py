@@ -185,3 +185,47 @@ def make_paged_case(seq_lens, n_queries=None, *, num_heads=4, num_kv_heads=2, he
     bt = block_tables.astype(np.int32) if -2**31 <= pad_value < 2**31 else block_tables
     return PagedCase(q, arena[0, 0], arena[0, 1], bt, np.asarray(seq_lens, np.int32), qsl,
                      k_dense, v_dense, counts)
+
+
+@dataclass
+class QuantizedCase:
+    """A :class:`PagedCase` with its pages quantized (kv_cache_dtype int8 or fp8_e4m3).
+
+    ``case`` is the original, with ``k_dense``/``v_dense`` replaced by the
+    dequantized values the kernels must see; ``float_case`` keeps the float32
+    K/V (for the error of the format itself). ``k_scales``/``v_scales``:
+    float32 ``[num_pages, num_kv_heads, page_size]``.
+    """
+
+    case: PagedCase
+    float_case: PagedCase
+    k_scales: np.ndarray
+    v_scales: np.ndarray
+
+    def kwargs(self) -> dict:
+        return dict(k_scales=self.k_scales, v_scales=self.v_scales)
+
+
+def quantize_case(case: PagedCase, fmt: str) -> QuantizedCase:
+    """Quantize every row of ``case``'s pages with :func:`paged_np.cache.kv_quant.quantize`.
+
+    Poisoned (NaN) slots get NaN scales and arbitrary codes: a kernel that
+    reads one shows NaN.
+    """
+    from dataclasses import replace
+
+    from paged_np.cache.kv_quant import dequantize, quantize
+
+    with np.errstate(invalid="ignore"):                          # NaN rows -> any code
+        kq, ks = quantize(case.k_pages, fmt)                     # [P, KV, ps, D], [P, KV, ps]
+        vq, vs = quantize(case.v_pages, fmt)
+    kd, vd = dequantize(kq, ks), dequantize(vq, vs)              # [P, KV, ps, D] float32
+    ps = case.k_pages.shape[2]
+    k_dense, v_dense = [], []
+    for b, n in enumerate(case.seq_lens):
+        pages = case.block_tables[b, :-(-int(n) // ps)]          # the pages sequence b uses
+        for dense, src in ((k_dense, kd), (v_dense, vd)):
+            rows = src[pages].transpose(0, 2, 1, 3).reshape(-1, *src.shape[1:2], src.shape[3])
+            dense.append(rows[:int(n)])                          # [n, KV, D]
+    quant = replace(case, k_pages=kq, v_pages=vq, k_dense=k_dense, v_dense=v_dense)
+    return QuantizedCase(quant, case, ks, vs)

@@ -102,7 +102,7 @@ def test_pages_not_an_array(case):
     refuse(case, DTypeError, "v_pages must be a numpy array", v_pages=None)
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.int8])
+@pytest.mark.parametrize("dtype", [np.float64, np.int16])
 def test_pages_bad_dtype(case, dtype):
     pages = np.zeros(case.k_pages.shape, dtype)
     refuse(case, DTypeError, "k_pages", k_pages=pages, v_pages=pages)

@@ -2,7 +2,8 @@
 
 The simulator runs the kernels as Python, so it cannot catch what only Numba's
 nopython CUDA compiler refuses (a type that does not unify, an unsupported
-builtin). This test compiles every kernel for float32 and float16 pages, with no
+builtin). This test compiles every kernel for float32, float16, int8 and uint8
+(fp8 e4m3) pages, with no
 GPU and no driver, and checks two properties of the attention kernel's PTX:
 no float64 arithmetic (all math in float32) and no local memory (the
 accumulator lives in registers). Skipped where libnvvm is missing.
@@ -37,13 +38,15 @@ SCRIPT = textwrap.dedent("""
         return types.Array(dt, nd, "C")
 
     f32, i32, i64 = types.float32, types.int32, types.int64
-    for page in (f32, types.float16):
+    for page in (f32, types.float16, types.int8, types.uint8):
+        kv = f32 if page in (f32, types.float16) else page   # what the write path stores
         sigs = {
             "paged_attention_kernel": (A(f32, 3), A(page, 4), A(page, 4), A(i32, 2), A(i32, 1),
                                        A(i32, 1), A(i32, 1), A(i32, 1), f32, i64, i64,
-                                       A(f32, 4), A(f32, 3)),
+                                       A(f32, 4), A(f32, 3), A(f32, 3), A(f32, 3), A(f32, 1),
+                                       i64),
             "merge_splits_kernel": (A(f32, 4), A(f32, 3), A(f32, 3), A(f32, 2)),
-            "reshape_and_cache_kernel": (A(page, 4), A(page, 4), A(i64, 1), A(f32, 3), A(f32, 3)),
+            "reshape_and_cache_kernel": (A(page, 4), A(page, 4), A(i64, 1), A(kv, 3), A(kv, 3)),
             "copy_pages_kernel": (A(page, 6), A(i32, 1), A(i32, 1)),
             "fill_zero_kernel": (A(page, 1),),
         }
@@ -66,4 +69,4 @@ def test_kernels_compile_to_ptx_for_sm90():
     if "NO-NVVM" in res.stdout:
         pytest.skip(f"libnvvm not found: {res.stdout.strip()}")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert res.stdout.count("OK ") == 10
+    assert res.stdout.count("OK ") == 20

@@ -21,7 +21,8 @@ from attention_cases import TOL, make_paged_case, prefill_query_counts, rel_erro
 from numba import njit
 
 from paged_np.attention import numba_cpu, numba_kernels, numba_plan, numba_prefill
-from paged_np.attention.numba_kernels import _half_bits_to_f32, exp2, half_to_f32, to_f32
+from paged_np.attention.numba_kernels import exp2
+from paged_np.attention.numba_widen import _half_bits_to_f32, half_to_f32, to_f32
 
 
 def run(case, *, window=0, **knobs):
@@ -289,3 +290,23 @@ def test_both_score_tiles_agree_with_numpy(n_keys, kv_dtype):
         tile(qt, bits, 2, 1, s, 4, 8, 5, n_keys, 0)  # columns 5.., prefetching page 0
         np.testing.assert_allclose(s[4:8, 5:5 + n_keys], want, rtol=1e-5, atol=1e-5)
         assert np.isnan(s[:4]).all() and np.isnan(s[4:8, 5 + n_keys:]).all()  # nothing else
+
+
+def test_fp8_bit_widening_equals_the_table_for_every_code():
+    """The jitted fp8 e4m3 widening (bit operations) equals the 256-entry table, sign and all."""
+    from numba import njit
+
+    from paged_np.cache.kv_quant import FP8_E4M3
+
+    @njit
+    def widen_all(codes):
+        out = np.empty(codes.size, np.float32)
+        for i in range(codes.size):
+            out[i] = to_f32(codes[i])
+        return out
+
+    codes = np.arange(256, dtype=np.uint8)
+    stored = (codes & 0x7F) != 0x7F                          # 0x7F, 0xFF: NaN, never stored
+    got = widen_all(codes)[stored]
+    np.testing.assert_array_equal(got, FP8_E4M3[stored])
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(FP8_E4M3[stored]))

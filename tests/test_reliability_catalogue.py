@@ -90,7 +90,7 @@ CATALOGUE = [
      InvalidArgument, "num_pages"),
     ("CacheConfig page_size float", lambda w: pnp.CacheConfig(num_pages=4, page_size=1.5),
      DTypeError, "page_size"),
-    ("CacheConfig dtype int8", lambda w: pnp.CacheConfig(num_pages=4, dtype=np.int8),
+    ("CacheConfig dtype int16", lambda w: pnp.CacheConfig(num_pages=4, dtype=np.int16),
      DTypeError, "dtype"),
     ("CacheConfig eviction_policy", lambda w: pnp.CacheConfig(num_pages=4,
                                                               eviction_policy="mru"),

@@ -19,7 +19,8 @@ from attention_cases import TOL, available_backends, make_paged_case, rel_error
 import paged_np as pnp
 from paged_np.attention.reference import dense_attention
 from paged_np.cache.arena import Arena
-from paged_np.cache.kv_cache import BatchMetadata, PagedKVCache
+from paged_np.cache.kv_cache import BatchMetadata
+from paged_np.cache.sequence import slots_of
 
 INT32_MAX = 2**31 - 1
 BACKENDS = available_backends()
@@ -32,10 +33,9 @@ def test_num_slots_is_exact_past_2_pow_31():
 
 
 def test_slot_formula_is_int64_for_huge_page_ids():
-    """PagedKVCache._slots (the formula allocate_slots returns) on page ids near 2**25."""
-    fake = SimpleNamespace(page_size=128)                # _slots reads only page_size
+    """slots_of (the formula allocate_slots returns) on page ids near 2**25."""
     bt = [5, 2**25 - 1, 2**25 - 2]
-    slots = PagedKVCache._slots(fake, bt, 100, 200)      # positions 100..299, three pages
+    slots = slots_of(bt, 100, 200, 128)                  # positions 100..299, three pages
     assert slots.dtype == np.int64
     want = [bt[p // 128] * 128 + p % 128 for p in range(100, 300)]  # Python ints: exact
     assert slots.tolist() == want

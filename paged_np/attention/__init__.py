@@ -48,6 +48,7 @@ from .validate import (
     as_sliding_window,
     check_arrays,
     check_metadata,
+    check_scales,
     int_array,
     resolve_scale,
     validate_paged_attention_inputs,
@@ -128,7 +129,7 @@ class AttentionMetadata:
 
 def paged_attention(q, k_pages, v_pages, block_tables=None, seq_lens=None,
                     query_start_loc=None, scale=None, sliding_window=None, backend="auto",
-                    return_lse=False, *, metadata=None):
+                    return_lse=False, *, metadata=None, k_scales=None, v_scales=None):
     """Attention of a batch of queries over a paged KV cache.
 
     Query ``i`` of sequence ``b`` (with ``n_q`` queries) sits at position
@@ -144,7 +145,8 @@ def paged_attention(q, k_pages, v_pages, block_tables=None, seq_lens=None,
     q : ndarray, float32 ``[T, num_heads, head_dim]``
         ``T`` = query tokens of the batch. float16/float64 are cast to float32 (a copy).
     k_pages, v_pages : ndarray ``[num_pages, num_kv_heads, page_size, head_dim]``
-        Both float32 or both float16 (typically ``cache.layer(i)``); compute is float32.
+        Both float32, both float16, or both 8-bit codes: int8, or uint8 holding
+        fp8 e4m3 bits (typically ``cache.layer(i)``); compute is float32.
     block_tables : int array ``[B, max_pages]``
         For sequence ``b`` the first ``ceil(seq_lens[b] / page_size)`` entries are
         page ids, the rest ignored. With a sliding window, entries of pages that
@@ -166,6 +168,11 @@ def paged_attention(q, k_pages, v_pages, block_tables=None, seq_lens=None,
         In place of ``block_tables``, ``seq_lens``, ``query_start_loc`` and
         ``sliding_window`` (leave those None): the step's metadata, checked once
         by :meth:`AttentionMetadata.build` and passed to every layer.
+    k_scales, v_scales : ndarray, float32 ``[num_pages, num_kv_heads, page_size]``
+        Only with 8-bit pages, and then required: element ``d`` of token ``t``
+        of a page is ``code * scale[page, head, t]`` (``cache.layer_scales(i)``;
+        see :mod:`paged_np.cache.kv_quant`). The kernels widen each code as
+        they read it and apply the scale once per score and per weight.
 
     Returns
     -------
@@ -200,6 +207,9 @@ def paged_attention(q, k_pages, v_pages, block_tables=None, seq_lens=None,
                               query_start_loc=query_start_loc, sliding_window=sliding_window)
         if name == "numba":  # the one backend with a plan worth keeping across layers
             extra["plans"] = metadata.plans
+    k_scales, v_scales = check_scales(args.k_pages, k_scales, v_scales, name == "cuda")
+    if k_scales is not None:
+        extra.update(k_scales=k_scales, v_scales=v_scales)
     out, lse = load_backend(name).forward(*args, bool(return_lse), **extra)
     return (out, lse) if return_lse else out
 

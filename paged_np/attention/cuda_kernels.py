@@ -20,7 +20,9 @@ several pages (page size 1) or part of one (page size 64): the block table is
 read once per key, into shared memory, so the kernel never cares. Per tile::
 
     1. page id + in-page offset of each key      -> page_s, off_s   (shared)
-    2. K, V rows of the tile, float16 -> float32  -> k_s, v_s        (shared)
+    2. K, V rows of the tile, as float32          -> k_s, v_s        (shared)
+       (float16 widened; 8-bit codes: int8 converted or fp8 looked up in
+       ``lut``, times the token's scale)
     3. thread (r, n) computes score s[r, n] = q[r] . k[n]   (q pre-scaled)
        row max and row sum over the TILE_N lanes of a row: warp shuffles
        (the TILE_N lanes of a row are adjacent in one warp)
@@ -80,6 +82,19 @@ def _min(a, b):
     return a if a < b else b
 
 
+@cuda.jit(device=True)
+def _widen(x, scales, page, kh, off, lut, codes):
+    """One page element as float32: itself, or an 8-bit code times its token's scale.
+
+    ``lut[int32(x)]`` types for every page dtype but runs only for fp8 codes.
+    """
+    if codes == 0:
+        return float32(x)
+    if codes == 2:
+        return lut[int32(x)] * scales[page, kh, off]
+    return float32(x) * scales[page, kh, off]
+
+
 # ---------------------------------------------------------------------------
 # Warp reductions over the TILE_N lanes of one row: a butterfly of xor
 # shuffles (offsets 8, 4, 2, 1), after which every lane holds the result.
@@ -105,11 +120,15 @@ def _row_sum(x):
 
 @cuda.jit
 def paged_attention_kernel(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
-                           work_seq, work_row0, scale, window, group, out_part, lse_part):
+                           work_seq, work_row0, scale, window, group, out_part, lse_part,
+                           k_scales, v_scales, lut, codes):
     """Grid ``(num_work, num_kv_heads, num_splits)``, ``THREADS`` threads per block.
 
     q          float32 [T, num_heads, head_dim]
-    k/v_pages  float32|float16 [num_pages, num_kv_heads, page_size, head_dim]
+    k/v_pages  float32|float16|int8|uint8 [num_pages, num_kv_heads, page_size, head_dim]
+    k/v_scales float32 [num_pages, num_kv_heads, page_size] (read when codes > 0)
+    lut        float32 [256]: fp8 e4m3 code -> value (read when codes == 2)
+    codes      0: float pages, 1: int8 codes, 2: fp8 e4m3 codes
     work_seq   int32 [num_work]: the sequence of each row tile
     work_row0  int32 [num_work]: its first row (row = query * group + head)
     out_part   float32 [num_splits, T, num_heads, head_dim] (normalised per split)
@@ -193,8 +212,10 @@ def paged_attention_kernel(q, k_pages, v_pages, block_tables, seq_lens, query_st
             page = page_s[nn]
             if page >= 0:
                 off = off_s[nn]
-                k_s[nn, d] = k_pages[page, kh, off, d]
-                v_s[nn, d] = v_pages[page, kh, off, d]
+                k_s[nn, d] = _widen(k_pages[page, kh, off, d], k_scales, page, kh, off, lut,
+                                    codes)
+                v_s[nn, d] = _widen(v_pages[page, kh, off, d], v_scales, page, kh, off, lut,
+                                    codes)
             else:
                 k_s[nn, d] = 0.0         # never read the slots past seq_len
                 v_s[nn, d] = 0.0

@@ -42,8 +42,10 @@ decode step goes and what each choice measured is in
 ``docs/concepts/kernels.md`` (numbers from ``benchmarks/kernel_ablation.py``).
 
 Simplified compared with vLLM/FlashInfer: no hand-written assembly
-micro-kernels (the loops are written so LLVM vectorises them), no FP8, no
-ALiBi or soft-capping.
+micro-kernels (the loops are written so LLVM vectorises them), no ALiBi or
+soft-capping. 8-bit pages (int8, fp8 e4m3) are read as codes, widened in the
+inner loops (:mod:`.numba_widen`) and scaled once per score and weight
+(:func:`~paged_np.attention.numba_kernels.online_softmax_scaled`).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from .numba_kernels import (
     accumulate_pv,
     mask_scores,
     online_softmax,
+    online_softmax_scaled,
     tile_scores,
 )
 from .numba_plan import (  # the plan, plain NumPy (re-exported: tests and benchmarks)
@@ -84,13 +87,16 @@ BLOCK_KEYS = 128
 
 @njit(**JIT_OPTIONS)
 def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, klo, khi, window,
-                 out, lse, qt, row_pos, s, m, l, acc):
+                 out, lse, qt, row_pos, s, m, l, acc, k_scales, v_scales, ksc, vsc):
     """One work item: ``nq`` queries x ``n_kv * G`` heads against keys ``[klo, khi)``.
 
     The item covers kv heads ``kvh0 .. kvh0 + n_kv - 1``. Writes the
     normalised output ``out[q0:q0+nq, kvh0*G:(kvh0+n_kv)*G]`` and its
     log-sum-exp (natural log; :data:`EMPTY` for a row that saw no key).
-    The rest are per-thread scratch arrays, sized for the largest item.
+    The rest are per-thread scratch arrays, sized for the largest item, and
+    the scales of 8-bit pages (None for float pages: Numba then compiles a
+    version without the scaling, its ``is not None`` branches pruned) with
+    ``ksc, vsc`` ``[n_kv, KB]``, scratch for one block's scales.
     """
     H, D = q2.shape[1], q2.shape[2]
     P = k_pages.shape[2]
@@ -123,10 +129,17 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, kl
             for h in range(n_kv):  # the kv heads' tiles of a page lie side by side
                 tile_scores(qt, k_pages, bt_row[j], kvh0 + h, s, h * R4, (h + 1) * R4, c,
                             min(n - c, P), nxt)
+                if k_scales is not None:  # 8-bit: this page's scales, for the softmax
+                    for t in range(min(n - c, P)):
+                        ksc[h, c + t] = k_scales[bt_row[j], kvh0 + h, t]
+                        vsc[h, c + t] = v_scales[bt_row[j], kvh0 + h, t]
         # Mask only blocks that some row cannot fully see (causal edge, window).
         if key0 + n - 1 > first_pos or (window > 0 and key0 <= last_pos - window):
             mask_scores(s, row_pos, RT, key0, n, window)
-        online_softmax(s, m, l, acc, RT, n)
+        if k_scales is not None:  # scales each score and weight by its token's scales
+            online_softmax_scaled(s, m, l, acc, RT, n, ksc, vsc, R4)
+        else:
+            online_softmax(s, m, l, acc, RT, n)
         for j in range(blk, blk_hi):  # acc[:RT] += p[:RT, :n] @ V
             c = (j - blk) * P
             nxt = bt_row[j + 1] if j + 1 < page_hi else -1
@@ -146,7 +159,7 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, kl
 
 @njit(**JIT_OPTIONS)
 def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items, w0, w1,
-               max_rows, window, part_out, part_lse, heads_per_item):
+               max_rows, window, part_out, part_lse, heads_per_item, k_scales, v_scales):
     """Items ``w0:w1`` of the plan, one after the other, sharing one set of scratch arrays.
 
     ``max_rows``: the most rows (queries x G) an item has per kv head; each
@@ -166,6 +179,8 @@ def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, it
     m = np.empty(RT, np.float32)
     l = np.empty(RT, np.float32)
     acc = np.empty((RT, D), np.float32)
+    ksc = np.empty((heads_per_item, KB), np.float32)  # a block's scales (8-bit pages)
+    vsc = np.empty((heads_per_item, KB), np.float32)
     for w in range(w0, w1):
         it = items[w]
         b, q0, nq = it[ITEM_SEQ], it[ITEM_Q0], it[ITEM_NQ]
@@ -175,11 +190,13 @@ def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, it
         first_pos = seq_lens[b] - n_q + (q0 - query_start_loc[b])
         _attend_item(q2, k_pages, v_pages, block_tables[b], first_pos, q0, nq, it[ITEM_KVH],
                      heads_per_item, it[ITEM_KLO], it[ITEM_KHI], window, part_out[it[ITEM_SPLIT]],
-                     part_lse[it[ITEM_SPLIT]], qt, row_pos, s, m, l, acc)
+                     part_lse[it[ITEM_SPLIT]], qt, row_pos, s, m, l, acc, k_scales, v_scales,
+                     ksc, vsc)
 
 
 def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
-                  num_threads, max_rows, window, part_out, part_lse, heads_per_item=1):
+                  num_threads, max_rows, window, part_out, part_lse, heads_per_item=1,
+                  k_scales=None, v_scales=None):
     """The parallel driver: thread ``th`` runs block ``th`` of the plan.
 
     ``items`` holds one contiguous block of rows per thread (see
@@ -192,7 +209,7 @@ def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
     """
     per_thread = items.shape[0] // num_threads
     args = (q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items)
-    tail = (max_rows, window, part_out, part_lse, heads_per_item)
+    tail = (max_rows, window, part_out, part_lse, heads_per_item, k_scales, v_scales)
     futures = []
     try:
         pool = _pool(num_threads) if num_threads > 1 else None
@@ -265,7 +282,7 @@ def _merge_splits(part_out, part_lse, out, lse):
 
 
 def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
-            sliding_window, return_lse, *, plans=None, **knobs):
+            sliding_window, return_lse, *, plans=None, k_scales=None, v_scales=None, **knobs):
     """Backend entry (validated arguments, see the contract in docs/design.md).
 
     Sequences with at least ``blas_min_queries`` queries go to
@@ -277,7 +294,8 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     ``plans``: a dict kept with the step's metadata
     (:class:`paged_np.attention.AttentionMetadata`). The plan depends only on
     the metadata and the shapes, so the first layer makes it and the others
-    find it there.
+    find it there. ``k_scales, v_scales``: float32 ``[num_pages, num_kv_heads,
+    page_size]`` with 8-bit pages (int8 codes, or uint8 fp8 e4m3 bits).
     """
     T, H, D = q.shape
     out = np.zeros((T, H, D), np.float32)
@@ -299,15 +317,15 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     # The kernel first: a split-K merge rewrites all T rows, BLAS then fills its own.
     if plan.items is not None:
         _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, plan, scale, window,
-                        out, lse)
+                        out, lse, k_scales, v_scales)
     for b in plan.blas_seqs:  # long prefill chunks: BLAS
         attend_sequence(q, k_pages, v_pages, block_tables[b], int(seq_lens[b]), int(qsl[b]),
-                        int(qsl[b + 1] - qsl[b]), scale, window, out, lse)
+                        int(qsl[b + 1] - qsl[b]), scale, window, out, lse, k_scales, v_scales)
     return out, (lse if return_lse else None)
 
 
 def _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, plan, scale, window,
-                    out, lse):
+                    out, lse, k_scales=None, v_scales=None):
     """The Numba kernel on the plan's items; writes their rows of out, lse."""
     T, H, D = q.shape
     G = H // k_pages.shape[1]
@@ -322,6 +340,6 @@ def _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, plan, scal
         part_lse = np.full((S, T, H), EMPTY, np.float32)
     _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, qsl, plan.items,
                   plan.num_threads, plan.q_tile * G, window, part_out, part_lse,
-                  plan.heads_per_item)
+                  plan.heads_per_item, k_scales, v_scales)
     if S > 1:
         _merge_splits(part_out, part_lse, out, lse)  # writes every token's rows

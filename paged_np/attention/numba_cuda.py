@@ -183,22 +183,43 @@ def plan(seq_lens, query_start_loc, num_heads: int, num_kv_heads: int,
                 int(num_splits), group)
 
 
+_LUT: dict = {}
+
+
+def _scale_args(k_pages, k_scales, v_scales):
+    """``(k_scales, v_scales, lut, codes)`` for the kernel: device arrays and the format code."""
+    if "lut" not in _LUT:                      # made once: the fp8 table, a 1-element dummy
+        from ..cache.kv_quant import FP8_E4M3
+
+        _LUT["lut"] = cuda.to_device(np.ascontiguousarray(FP8_E4M3))
+        _LUT["none"] = cuda.to_device(np.ones((1, 1, 1), np.float32))
+    dt = np.dtype(k_pages.dtype)
+    codes = 2 if dt == np.uint8 else 1 if dt == np.int8 else 0
+    if codes == 0:
+        return _LUT["none"], _LUT["none"], _LUT["lut"], 0
+    return _to_device(k_scales), _to_device(v_scales), _LUT["lut"], codes
+
+
 def launch(p: Plan, q, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
-           scale: float, sliding_window: int, out, lse):
-    """Run the kernels of a plan on device arrays; fills ``out`` [T, H, D] and ``lse`` [T, H]."""
+           scale: float, sliding_window: int, out, lse, k_scales=None, v_scales=None):
+    """Run the kernels of a plan on device arrays; fills ``out`` [T, H, D] and ``lse`` [T, H].
+
+    8-bit pages (int8, or uint8 fp8 e4m3 codes) need their ``k_scales, v_scales``.
+    """
     T, H, D = q.shape
     if p.num_work == 0:
         return
     args = (q, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
             p.work_seq, p.work_row0, np.float32(scale), int(sliding_window), p.group)
+    quant = _scale_args(k_pages, k_scales, v_scales)
     grid = (p.num_work, k_pages.shape[1], p.num_splits)
     if p.num_splits == 1:        # one split: write the final arrays directly
         K.paged_attention_kernel[grid, K.THREADS](
-            *args, out.reshape(1, T, H, D), lse.reshape(1, T, H))
+            *args, out.reshape(1, T, H, D), lse.reshape(1, T, H), *quant)
         return
     out_part = cuda.device_array((p.num_splits, T, H, D), np.float32)
     lse_part = cuda.device_array((p.num_splits, T, H), np.float32)
-    K.paged_attention_kernel[grid, K.THREADS](*args, out_part, lse_part)
+    K.paged_attention_kernel[grid, K.THREADS](*args, out_part, lse_part, *quant)
     K.merge_splits_kernel[(T, H), K.THREADS](out_part, lse_part, out, lse)
 
 
@@ -206,12 +227,14 @@ def launch(p: Plan, q, k_pages, v_pages, block_tables, seq_lens, query_start_loc
 # The backend entry point
 # ---------------------------------------------------------------------------
 def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
-            sliding_window, return_lse, *, num_splits=None):
+            sliding_window, return_lse, *, num_splits=None, k_scales=None, v_scales=None):
     """Paged attention on the GPU (the internal backend contract, see docs/design.md).
 
     q [T, H, D] float32; k_pages, v_pages [num_pages, Hkv, page_size, D]
-    float32|float16; block_tables int32 [B, max_pages]; seq_lens int32 [B];
-    query_start_loc int32 [B+1]. Returns ``(out [T, H, D], lse [T, H] or None)``.
+    float32|float16, or 8-bit codes (int8, uint8 fp8 e4m3) with ``k_scales,
+    v_scales`` float32 [num_pages, Hkv, page_size]; block_tables int32 [B,
+    max_pages]; seq_lens int32 [B]; query_start_loc int32 [B+1]. Returns
+    ``(out [T, H, D], lse [T, H] or None)``.
 
     The arguments are the ones :func:`paged_np.attention.paged_attention` has
     already validated (shapes, dtypes, every page id a query reads): this
@@ -242,7 +265,7 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     lse = cuda.device_array((T, H), np.float32)
     launch(p, _to_device(q), _to_device(k_pages), _to_device(v_pages), cuda.to_device(bt),
            cuda.to_device(sl), cuda.to_device(qsl), float(scale), int(sliding_window or 0),
-           out, lse)
+           out, lse, k_scales, v_scales)
     if not on_device:
         out, lse = out.copy_to_host(), lse.copy_to_host()
     return out, (lse if return_lse else None)
@@ -285,10 +308,21 @@ class DeviceArena(Arena):
 
     def __init__(self, cfg: CacheConfig):
         self.cfg = cfg
+        self.kv_format = cfg.kv_cache_dtype
         self.data = cuda.device_array(cfg.arena_shape, cfg.dtype)    # uninitialised...
         flat = self.data.reshape(self.data.size)
         blocks = max(1, min(1024, -(-flat.size // K.THREADS)))
         K.fill_zero_kernel[blocks, K.THREADS](flat)                   # ...so zero it
+        #: 8-bit pages' scales [num_layers, 2, num_pages, Hkv, page_size] on the device.
+        self.scales = (cuda.to_device(np.ones(cfg.scales_shape, np.float32))
+                       if cfg.quantized else None)
+
+    def layer_scales(self, layer: int) -> tuple:
+        """``(k_scales, v_scales)`` device views of one layer, or ``(None, None)``."""
+        i = self.check_layer(layer)
+        if self.scales is None:
+            return None, None
+        return self.scales[i, 0], self.scales[i, 1]
 
     def layer(self, layer: int):
         """``(k_pages, v_pages)`` of one layer: device views, no copy."""
@@ -298,7 +332,19 @@ class DeviceArena(Arena):
     def write(self, layer: int, slots, k, v) -> None:
         """``k, v [n, num_kv_heads, head_dim]`` (host or device) -> their slots, on the device."""
         k_pages, v_pages = self.layer(layer)
-        reshape_and_cache(k_pages, v_pages, self.check_slots(slots), k, v)
+        slots = self.check_slots(slots)
+        if self.scales is None:
+            reshape_and_cache(k_pages, v_pages, slots, k, v)
+            return
+        from ..cache.kv_quant import quantize  # 8-bit: quantized on the host
+
+        (kq, ks), (vq, vs) = quantize(_to_host(k), self.kv_format), quantize(_to_host(v),
+                                                                            self.kv_format)
+        reshape_and_cache(k_pages, v_pages, slots, kq, vq)
+        k_sc, v_sc = self.layer_scales(layer)       # [P, Hkv, ps]: pages of head_dim 1
+        shape = (*k_sc.shape, 1)
+        reshape_and_cache(k_sc.reshape(shape), v_sc.reshape(shape), slots, ks[..., None],
+                          vs[..., None])
 
     def copy_page(self, src: int, dst: int) -> None:
         """Copy-on-write on the device: page ``src`` -> ``dst``, all layers, K and V."""
@@ -313,9 +359,13 @@ class DeviceArena(Arena):
                                             | (dst >= n_pages)):
             raise IndexOutOfRange(f"src, dst: page ids must pair up and lie in [0, {n_pages})")
         if src.size:
-            K.copy_pages_kernel[(src.size, 2 * self.cfg.num_layers), K.THREADS](
-                self.data, cuda.to_device(src.astype(np.int32)),
-                cuda.to_device(dst.astype(np.int32)))
+            grid = (src.size, 2 * self.cfg.num_layers)
+            src_d, dst_d = cuda.to_device(src.astype(np.int32)), cuda.to_device(dst.astype(
+                np.int32))
+            K.copy_pages_kernel[grid, K.THREADS](self.data, src_d, dst_d)
+            if self.scales is not None:              # the scales, as pages of head_dim 1
+                K.copy_pages_kernel[grid, K.THREADS](self.scales.reshape(
+                    (*self.scales.shape, 1)), src_d, dst_d)
 
     def to_host(self) -> np.ndarray:
         """A host copy of the whole arena (a device -> host transfer)."""

@@ -12,10 +12,12 @@ How to read it, top to bottom:
 - :func:`exp2`: the softmax in base 2 (the driver scales ``q`` by
   ``scale * log2(e)``), a branch-free polynomial that LLVM vectorises;
   ``np.exp`` would be a scalar libm call per score.
-- :func:`to_f32`: float16 pages arrive as ``uint16`` bits (Numba has no
-  float16 arrays on the CPU) and are widened as they are read: one
-  ``vcvtph2ps`` per 8 or 16 values with F16C, integer operations without
-  (:func:`target_widens_half` asks LLVM which).
+- :func:`~paged_np.attention.numba_widen.to_f32` (in :mod:`.numba_widen`):
+  every page format widened to float32 as it is read: float16 pages arrive
+  as ``uint16`` bits, int8 codes convert, fp8 e4m3 codes index a table.
+- :func:`online_softmax_scaled`: with 8-bit pages, the softmax step also
+  applies each token's scales, once per score (K) and once per weight (V),
+  instead of once per element of the page.
 - :func:`prefetch_rows`: while a page is being computed on, the same rows
   of the *next* page are requested into L2 (``prefetcht1``).
 - :func:`tile_scores_4x4` / :func:`tile_scores_4x2` (``tile_scores`` is
@@ -37,9 +39,6 @@ has seen nothing yet.
 
 from __future__ import annotations
 
-import functools
-
-import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
@@ -47,6 +46,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from ..config import JIT_OPTIONS
+from .numba_widen import to_f32
 
 #: Running max of a row that has seen no key yet (finite: fastmath forbids inf).
 EMPTY = np.float32(-1e30)
@@ -79,101 +79,6 @@ def exp2(x):
     # 2**n built directly in the exponent bits of a float32 (n = -127 gives 0.0)
     two_n = np.uint32((np.int32(n) + 127) << 23).view(np.float32)
     return p * two_n
-
-
-# ---------------------------------------------------------------------------
-# float16 -> float32, an LLVM instruction Numba does not expose: a plain-Python
-# twin (for NUMBA_DISABLE_JIT=1) and an @overload that emits the instruction.
-# ---------------------------------------------------------------------------
-def half_to_f32(h):
-    """The float16 whose bits are the uint16 ``h``, as a float32 (exact)."""
-    return np.float32(np.uint16(h).view(np.float16))
-
-
-@intrinsic
-def _fpext_half(typingctx, h):
-    """LLVM: ``fpext (bitcast i16 h to half) to float``."""
-    def codegen(context, builder, sig, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-
-    return types.float32(types.uint16), codegen
-
-
-#: The library routines LLVM calls to widen a half without F16C (new name, LLVM <= 14's).
-_HALF_LIBCALLS = ("__extendhfsf2", "__gnu_h2f_ieee")
-
-_FPEXT_PROBE = """
-define float @widen(i16 %h) {
-  %x = bitcast i16 %h to half
-  %y = fpext half %x to float
-  ret float %y
-}
-"""
-
-
-@functools.cache
-def target_widens_half() -> bool:
-    """Whether the CPU Numba compiles for widens float16 in one instruction (F16C).
-
-    Without F16C (``NUMBA_CPU_NAME=generic``, old CPUs) LLVM lowers ``fpext
-    half`` to a call of a compiler-rt routine (``__extendhfsf2``; LLVM 14, under
-    llvmlite 0.42, names it ``__gnu_h2f_ieee``) that Numba's JIT does not link:
-    the process would abort at the first float16 page. So the question is put
-    to LLVM itself, once: compile a one-line widening for the target and look
-    for either call.
-    """
-    from numba.core.registry import cpu_target
-
-    tm = cpu_target.target_context.codegen()._tm  # the target machine Numba compiles for
-    module = llvm.parse_assembly(_FPEXT_PROBE)
-    module.triple = tm.triple
-    asm = tm.emit_assembly(module)
-    return not any(name in asm for name in _HALF_LIBCALLS)
-
-
-@njit(**JIT_OPTIONS)
-def _half_bits_to_f32(h):
-    """float16 bits to float32 with integer operations: the fallback without F16C."""
-    h = np.uint32(h)
-    sign = (h & np.uint32(0x8000)) << np.uint32(16)
-    exp = (h >> np.uint32(10)) & np.uint32(0x1F)
-    mant = h & np.uint32(0x3FF)
-    if exp == 0:  # zero or subnormal: mant * 2**-24, exact in float32
-        f = np.float32(mant) * np.float32(2.0**-24)
-        return -f if sign else f
-    if exp == 31:  # inf or nan
-        bits = sign | np.uint32(0x7F800000) | (mant << np.uint32(13))
-    else:  # rebias the exponent from 15 to 127
-        bits = sign | ((exp + np.uint32(112)) << np.uint32(23)) | (mant << np.uint32(13))
-    return np.uint32(bits).view(np.float32)
-
-
-def _widen_impl():
-    """The jitted widening of float16 bits the target can run (argument named ``x``)."""
-    if target_widens_half():
-        return lambda x: _fpext_half(x)
-    return lambda x: _half_bits_to_f32(x)
-
-
-@overload(half_to_f32, jit_options=JIT_OPTIONS)
-def _half_to_f32_jit(h):
-    if target_widens_half():
-        return lambda h: _fpext_half(h)
-    return lambda h: _half_bits_to_f32(h)
-
-
-def to_f32(x):
-    """One K or V element as float32: unchanged, or widened from float16 bits."""
-    if isinstance(x, np.uint16):
-        return half_to_f32(x)
-    return np.float32(x)
-
-
-@overload(to_f32, jit_options=JIT_OPTIONS)
-def _to_f32_jit(x):
-    if x == types.uint16:
-        return _widen_impl()
-    return lambda x: x
 
 
 # ---------------------------------------------------------------------------
@@ -389,6 +294,41 @@ def online_softmax(s, m, l, acc, n_rows, n_keys):
         for t in range(n_keys):
             p = exp2(s[r, t] - m_new)
             s[r, t] = p
+            total += p
+        m[r] = m_new
+        l[r] = l[r] * alpha + total
+        if alpha != 1.0:
+            for d in range(D):
+                acc[r, d] *= alpha
+
+
+@njit(**JIT_OPTIONS)
+def online_softmax_scaled(s, m, l, acc, n_rows, n_keys, ksc, vsc, rows_per_head):
+    """:func:`online_softmax` for 8-bit pages, whose scores came from the codes.
+
+    A score is ``q . (code * scale_k) = scale_k * (q . code)`` and a weight
+    times a value row is ``p * (code * scale_v) = (p * scale_v) * code``, so
+    each token's scales multiply its column once here: ``ksc, vsc`` ``[heads,
+    n_keys]`` hold the block's scales of each kv head, and row ``r`` belongs to
+    head ``r // rows_per_head``. Masked scores stay :data:`MASKED`. On return
+    ``s[r, :n_keys]`` holds ``p * scale_v``; ``l`` sums the plain ``p``. Fused
+    here rather than a pass of its own: a separate pass over the block cost
+    half the time of the int8 decode kernel (measured at context 8192).
+    """
+    D = acc.shape[1]
+    for r in range(n_rows):
+        h = r // rows_per_head
+        m_new = m[r]
+        for t in range(n_keys):
+            x = s[r, t]
+            x = x * ksc[h, t] if x != MASKED else x
+            s[r, t] = x
+            m_new = max(m_new, x)
+        alpha = exp2(m[r] - m_new)
+        total = np.float32(0.0)
+        for t in range(n_keys):
+            p = exp2(s[r, t] - m_new)
+            s[r, t] = p * vsc[h, t]
             total += p
         m[r] = m_new
         l[r] = l[r] * alpha + total

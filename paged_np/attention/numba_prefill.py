@@ -52,6 +52,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..cache.kv_quant import to_float32
 from ..config import JIT_OPTIONS
 from .numba_kernels import LN2, LOG2E, MASKED, exp2
 
@@ -98,11 +99,14 @@ def _exp2_rows(s, m, l):
         l[r] = total
 
 
-def attend_sequence(q, k_pages, v_pages, bt_row, seq_len, t0, n_q, scale, window, out, lse):
+def attend_sequence(q, k_pages, v_pages, bt_row, seq_len, t0, n_q, scale, window, out, lse,
+                    k_scales=None, v_scales=None):
     """All heads of queries ``q[t0:t0+n_q]``, the last ``n_q`` positions of one sequence.
 
     ``k_pages``/``v_pages``: float32 or float16 ``[num_pages, num_kv_heads,
-    page_size, head_dim]``; ``bt_row``: the sequence's block table row.
+    page_size, head_dim]``, or 8-bit codes with ``k_scales``/``v_scales``
+    ``[num_pages, num_kv_heads, page_size]`` (dequantized as they are gathered);
+    ``bt_row``: the sequence's block table row.
     Writes ``out[t0:t0+n_q]`` ``[n_q, H, D]`` and ``lse[t0:t0+n_q]`` (natural log).
     """
     H, D = q.shape[1], q.shape[2]
@@ -119,8 +123,10 @@ def attend_sequence(q, k_pages, v_pages, bt_row, seq_len, t0, n_q, scale, window
     s_buf = np.empty(rows_max * (seq_len - base), np.float32)
     for kvh in range(num_kv_heads):
         heads = slice(kvh * G, (kvh + 1) * G)
-        kc = k_pages[pages, kvh].reshape(-1, D).astype(np.float32, copy=False)  # [n_keys, D]
-        vc = v_pages[pages, kvh].reshape(-1, D).astype(np.float32, copy=False)
+        ks = None if k_scales is None else k_scales[pages, kvh]          # [n_pages, P]
+        vs = None if v_scales is None else v_scales[pages, kvh]
+        kc = to_float32(k_pages[pages, kvh], ks).reshape(-1, D)          # [n_keys, D] float32
+        vc = to_float32(v_pages[pages, kvh], vs).reshape(-1, D)
         qh = q[t0:t0 + n_q, heads] * qs  # [n_q, G, D] contiguous: rows i*G + g
         for i0 in range(0, n_q, Q_TILE):
             i1 = min(n_q, i0 + Q_TILE)

@@ -45,7 +45,7 @@ sequence; a Python loop over sequences and pages. Fast kernels
 (:mod:`paged_np.attention.numba_cpu`) loop differently but compute the same.
 
 Simplifications compared with vLLM: no tensor cores or shared memory, of
-course; float16 pages are upcast to float32 page by page; one code path serves
+course; float16 and 8-bit pages are upcast to float32 page by page; one code path serves
 decode and prefill (vLLM has separate kernels).
 
 This module's :func:`forward` takes already validated inputs (see
@@ -56,16 +56,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..cache.kv_quant import to_float32
+
 
 def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
-            sliding_window, return_lse):
+            sliding_window, return_lse, k_scales=None, v_scales=None):
     """Paged attention of a batch (validated inputs, see the module docstring).
 
     q ``[T, num_heads, head_dim]`` float32; k_pages, v_pages
     ``[num_pages, num_kv_heads, page_size, head_dim]``; block_tables int32
     ``[B, max_pages]``; seq_lens int32 ``[B]``; query_start_loc int32 ``[B+1]``.
     Returns ``(out, lse)``: float32 ``[T, num_heads, head_dim]`` and
-    ``[T, num_heads]`` (``lse`` is None unless ``return_lse``).
+    ``[T, num_heads]`` (``lse`` is None unless ``return_lse``). 8-bit pages come
+    with ``k_scales, v_scales`` float32 ``[num_pages, num_kv_heads, page_size]``.
     """
     out = np.empty(q.shape, dtype=np.float32)                    # [T, H, D]
     lse = np.empty(q.shape[:2], dtype=np.float32)                # [T, H]
@@ -75,12 +78,12 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
             continue
         out[start:end], lse[start:end] = attend_sequence(
             q[start:end], k_pages, v_pages, block_tables[b], int(seq_lens[b]),
-            scale, sliding_window)
+            scale, sliding_window, k_scales=k_scales, v_scales=v_scales)
     return out, (lse if return_lse else None)
 
 
 def attend_sequence(q, k_pages, v_pages, block_table, seq_len, scale, sliding_window,
-                    first_page=0, end_page=None):
+                    first_page=0, end_page=None, k_scales=None, v_scales=None):
     """One sequence's queries over its pages ``[first_page, end_page)``.
 
     q ``[n_q, H, D]`` are the sequence's last ``n_q`` tokens. With the default
@@ -123,10 +126,13 @@ def attend_sequence(q, k_pages, v_pages, block_table, seq_len, scale, sliding_wi
         k_pos = np.arange(page_start, page_start + n_valid)      # [P] (P = n_valid)
 
         # Read the page. Slicing to n_valid rows means the unused slots (which may
-        # hold garbage or NaN) are never read at all; float16 is upcast here.
+        # hold garbage or NaN) are never read at all; float16 is upcast here, and
+        # 8-bit codes become code * scale of their token (kv_quant.to_float32).
         page_id = block_table[i]
-        k_tile = k_pages[page_id, :, :n_valid].astype(np.float32, copy=False)  # [KV, P, D]
-        v_tile = v_pages[page_id, :, :n_valid].astype(np.float32, copy=False)  # [KV, P, D]
+        k_tile = to_float32(k_pages[page_id, :, :n_valid],                  # [KV, P, D]
+                            None if k_scales is None else k_scales[page_id, :, :n_valid])
+        v_tile = to_float32(v_pages[page_id, :, :n_valid],                  # [KV, P, D]
+                            None if v_scales is None else v_scales[page_id, :, :n_valid])
 
         # Scores of every row against the page's tokens, then the causal/window mask.
         s = qg @ k_tile.transpose(0, 2, 1)                       # [KV, R, P]

@@ -20,13 +20,15 @@ from ..config import KV_DTYPES
 from ..errors import DTypeError, InvalidArgument, InvalidBlockTable, ShapeError
 
 _INT32_MAX = np.iinfo(np.int32).max
+#: What a page may hold: floats, or the 8-bit codes of kv_cache_dtype int8 / fp8_e4m3 (uint8).
+PAGE_DTYPES = (*KV_DTYPES, np.dtype(np.int8), np.dtype(np.uint8))
 
 
 class PagedAttentionArgs(NamedTuple):
     """Validated arguments, in the order of a backend's ``forward`` (bar ``return_lse``)."""
 
     q: object                  # float32 [T, num_heads, head_dim]
-    k_pages: object            # float32|float16 [num_pages, num_kv_heads, page_size, head_dim]
+    k_pages: object            # f32|f16|int8|uint8 (fp8) [num_pages, Hkv, page_size, D]
     v_pages: object            # same as k_pages
     block_tables: np.ndarray   # int32 [B, max_pages]
     seq_lens: np.ndarray       # int32 [B]
@@ -63,11 +65,12 @@ def validate_paged_attention_inputs(q, k_pages, v_pages, block_tables, seq_lens,
 def check_arrays(q, k_pages, v_pages, allow_device):
     """q and the pages: dims, dtypes, shapes that agree. Returns them with ``T, head_dim``."""
     q = _float_array("q", q, 3, allow_device, cast_to_float32=True)
-    k_pages = _float_array("k_pages", k_pages, 4, allow_device)
-    v_pages = _float_array("v_pages", v_pages, 4, allow_device)
+    k_pages = _float_array("k_pages", k_pages, 4, allow_device, codes=True)
+    v_pages = _float_array("v_pages", v_pages, 4, allow_device, codes=True)
     kdt, vdt = np.dtype(k_pages.dtype), np.dtype(v_pages.dtype)
-    if kdt not in KV_DTYPES:
-        raise DTypeError(f"k_pages must be float32 or float16, got {kdt}")
+    if kdt not in PAGE_DTYPES:
+        raise DTypeError(f"k_pages must be float32, float16, int8 or uint8 (fp8 e4m3 bits), "
+                         f"got {kdt}")
     if vdt != kdt:
         raise DTypeError(f"v_pages dtype {vdt} differs from k_pages dtype {kdt}")
     if tuple(v_pages.shape) != tuple(k_pages.shape):
@@ -84,6 +87,37 @@ def check_arrays(q, k_pages, v_pages, allow_device):
         raise ShapeError(f"q num_heads ({num_heads}) must be a positive multiple of k_pages "
                          f"num_kv_heads ({num_kv_heads}) (GQA groups)")
     return q, k_pages, v_pages, T, head_dim
+
+
+def check_scales(k_pages, k_scales, v_scales, allow_device=False):
+    """The scales 8-bit pages need (float32 ``[num_pages, num_kv_heads, page_size]``
+    each), or None for float pages. Returns them C-contiguous."""
+    quantized = np.dtype(k_pages.dtype).itemsize == 1
+    if not quantized:
+        if k_scales is not None or v_scales is not None:
+            raise InvalidArgument(f"k_scales/v_scales are for int8 or fp8 pages; k_pages are "
+                                  f"{np.dtype(k_pages.dtype)}: pass None")
+        return None, None
+    want = tuple(int(n) for n in k_pages.shape[:3])
+    out = []
+    for name, x in (("k_scales", k_scales), ("v_scales", v_scales)):
+        if x is None:
+            raise InvalidArgument(f"{name} is required with {np.dtype(k_pages.dtype)} pages "
+                                  f"(one float32 scale per token and kv head, "
+                                  f"cache.layer_scales(layer))")
+        if allow_device and hasattr(x, "__cuda_array_interface__"):
+            shape, dt = tuple(x.shape), np.dtype(x.dtype)
+        elif isinstance(x, np.ndarray):
+            shape, dt = x.shape, x.dtype
+        else:
+            raise DTypeError(f"{name} must be a numpy array, got {type(x).__name__}")
+        if dt != np.float32:
+            raise DTypeError(f"{name} must be float32, got {dt}")
+        if shape != want:
+            raise ShapeError(f"{name} must have shape (num_pages, num_kv_heads, page_size) = "
+                             f"{want}, got {shape}")
+        out.append(x if not isinstance(x, np.ndarray) else np.ascontiguousarray(x))
+    return tuple(out)
 
 
 def check_metadata(block_tables, seq_lens, query_start_loc, sliding_window, T, num_pages,
@@ -166,13 +200,15 @@ def _check_page_ids(block_tables, n_pages, num_pages, first_live=None):
                                 f"first {int(n_pages[b])} entries")
 
 
-def _float_array(name, x, ndim, allow_device, cast_to_float32=False):
-    """A float array of ``ndim`` dims, C-contiguous (copied if needed)."""
+def _float_array(name, x, ndim, allow_device, cast_to_float32=False, codes=False):
+    """A float array of ``ndim`` dims, C-contiguous (copied if needed); ``codes``:
+    int8/uint8 (8-bit pages) too."""
+    kinds = "fiu" if codes else "f"
     if allow_device and hasattr(x, "__cuda_array_interface__"):
         cai = x.__cuda_array_interface__
         if len(cai["shape"]) != ndim:
             raise ShapeError(f"{name} must be {ndim}-D, got shape {tuple(cai['shape'])}")
-        if np.dtype(cai["typestr"]).kind != "f":
+        if np.dtype(cai["typestr"]).kind not in kinds:
             raise DTypeError(f"{name} must have a float dtype, got {np.dtype(cai['typestr'])}")
         if cast_to_float32 and np.dtype(cai["typestr"]) != np.float32:
             raise DTypeError(f"{name} on the device must be float32, got "
@@ -184,7 +220,7 @@ def _float_array(name, x, ndim, allow_device, cast_to_float32=False):
         raise DTypeError(f"{name} must be a numpy array, got {type(x).__name__}")
     if x.ndim != ndim:
         raise ShapeError(f"{name} must be {ndim}-D, got shape {x.shape}")
-    if x.dtype.kind != "f":
+    if x.dtype.kind not in kinds:
         raise DTypeError(f"{name} must have a float dtype, got {x.dtype}")
     if cast_to_float32:
         return np.ascontiguousarray(x, dtype=np.float32)

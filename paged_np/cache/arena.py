@@ -16,6 +16,14 @@ offset``, always ``int64`` (``num_pages * page_size`` can exceed 2**31). The
 write path scatters a step's new K/V into their slots with one vectorised
 assignment per layer, the NumPy twin of vLLM's ``reshape_and_cache`` kernel.
 Nothing here allocates memory that grows with context: the arena is made once.
+
+With an 8-bit ``kv_cache_dtype`` (``"int8"``, ``"fp8_e4m3"``, see
+:mod:`paged_np.cache.kv_quant`) the pages hold codes and a second array,
+``scales`` ``[num_layers, 2, num_pages, num_kv_heads, page_size]`` float32,
+holds one scale per (token, kv head) beside them: the same page id indexes
+both, so whatever moves a page (copy-on-write here, swap in
+:mod:`paged_np.engine.swap`) moves its scales, and a prefix hit, which reuses
+the page id, reuses them. The write path quantizes each token's row.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import numpy as np
 from ..checks import check_int
 from ..config import CacheConfig
 from ..errors import DTypeError, IndexOutOfRange, ShapeError
+from .kv_quant import quantize
 
 
 class Arena:
@@ -34,11 +43,21 @@ class Arena:
         self.cfg = cfg
         # np.zeros asks the OS for zeroed pages lazily: untouched pages cost no RAM.
         self.data = np.zeros(cfg.arena_shape, dtype=cfg.dtype)
+        #: float32 [num_layers, 2, num_pages, Hkv, page_size] for 8-bit pages, else None.
+        self.scales = np.ones(cfg.scales_shape, np.float32) if cfg.quantized else None
+        self.kv_format = cfg.kv_cache_dtype
 
     def layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """``(k_pages, v_pages)`` of one layer: views, each [num_pages, Hkv, page_size, D]."""
         i = self.check_layer(layer)
         return self.data[i, 0], self.data[i, 1]
+
+    def layer_scales(self, layer: int) -> tuple:
+        """``(k_scales, v_scales)`` of one layer, each [num_pages, Hkv, page_size]; or Nones."""
+        i = self.check_layer(layer)
+        if self.scales is None:
+            return None, None
+        return self.scales[i, 0], self.scales[i, 1]
 
     def write(self, layer: int, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """Scatter ``k, v`` ([n, Hkv, D]) into ``slots`` (int64 [n]) of one layer."""
@@ -51,12 +70,20 @@ class Arena:
         offset = slots % self.cfg.page_size  # [n] positions within the page
         # Advanced indices on axes 0 and 2 with a slice between them put the
         # indexed axis first: data[i, 0][page, :, offset, :] is [n, Hkv, D], like k.
+        if self.scales is not None:  # 8-bit: each token's row gets its own scale
+            for kv, x in ((0, k), (1, v)):
+                codes, scale = quantize(x, self.kv_format)  # [n, Hkv, D], [n, Hkv]
+                self.data[i, kv][page, :, offset, :] = codes
+                self.scales[i, kv][page, :, offset] = scale
+            return
         self.data[i, 0][page, :, offset, :] = k
         self.data[i, 1][page, :, offset, :] = v
 
     def copy_page(self, src: int, dst: int) -> None:
-        """Copy one page, every layer, K and V (copy-on-write)."""
+        """Copy one page, every layer, K and V, with its scales (copy-on-write)."""
         self.data[:, :, dst] = self.data[:, :, src]
+        if self.scales is not None:
+            self.scales[:, :, dst] = self.scales[:, :, src]
 
     # ------------------------------------------------------------- validation
     def check_layer(self, layer) -> int:

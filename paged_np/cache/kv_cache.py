@@ -50,7 +50,7 @@ from .events import Event
 from .indexes import make_prefix_index
 from .invariants import check_cache_invariants
 from .page_pool import CACHED, PagePool
-from .sequence import Sequence
+from .sequence import Sequence, slots_of
 
 __all__ = ["BatchMetadata", "Event", "PagedKVCache"]
 
@@ -114,6 +114,15 @@ class PagedKVCache:
     def layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """``(k_pages, v_pages)`` views of one layer, each [num_pages, Hkv, page_size, D]."""
         return self._arena.layer(layer)
+
+    def layer_scales(self, layer: int) -> tuple:
+        """8-bit pages' ``(k_scales, v_scales)``, f32 [num_pages, Hkv, page_size]; else Nones."""
+        return self._arena.layer_scales(layer)
+
+    @property
+    def kv_scales(self):
+        """The scales beside :attr:`arena` (``CacheConfig.scales_shape``), or None."""
+        return self._arena.scales
 
     def write_kv(self, layer: int, slots, k: np.ndarray, v: np.ndarray) -> None:
         """Write ``k, v`` ([n, num_kv_heads, head_dim]) into ``slots`` (int64 [n])."""
@@ -216,7 +225,7 @@ class PagedKVCache:
         while len(bt) > pages_needed:  # an earlier, larger pending call left spare pages
             self.pool.free(bt.pop(), seq_id)
         seq.num_pending = n
-        return self._slots(bt, start, n)
+        return slots_of(bt, start, n, ps)
 
     def _last_page_has_room(self, seq: Sequence) -> bool:
         """The next token goes into the sequence's last page, which only it holds."""
@@ -411,15 +420,6 @@ class PagedKVCache:
         check_cache_invariants(self)
 
     # --------------------------------------------------------------- helpers
-    def _slots(self, bt: list, start: int, n: int) -> np.ndarray:
-        ps = self.page_size
-        if n <= 8:  # decode: a few tokens, where plain Python beats NumPy's call overhead
-            return np.array([bt[t // ps] * ps + t % ps for t in range(start, start + n)],
-                            dtype=np.int64)
-        pos = np.arange(start, start + n, dtype=np.int64)  # [n] token positions
-        pages = np.asarray(bt, dtype=np.int64)[pos // self.page_size]  # [n] page ids
-        return pages * self.page_size + pos % self.page_size  # [n] slots
-
     def _get(self, seq_id) -> Sequence:
         try:
             return self._seqs[seq_id]

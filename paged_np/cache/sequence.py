@@ -19,6 +19,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass
 class Sequence:
@@ -55,3 +57,14 @@ class Sequence:
         and the lock; an index never changes a handle in place, so sharing it is safe)."""
         return Sequence(seq_id, self.extra_key, list(self.token_ids), list(self.block_table),
                         0, self.prefix_handle, self.num_indexed_pages)
+
+
+def slots_of(block_table: list, start: int, n: int, page_size: int) -> np.ndarray:
+    """Slots (int64 [n]) of positions ``[start, start + n)`` under ``block_table``."""
+    bt, ps = block_table, page_size
+    if n <= 8:  # decode: a few tokens, where plain Python beats NumPy's call overhead
+        return np.array([bt[t // ps] * ps + t % ps for t in range(start, start + n)],
+                        dtype=np.int64)
+    pos = np.arange(start, start + n, dtype=np.int64)  # [n] token positions
+    pages = np.asarray(bt, dtype=np.int64)[pos // ps]  # [n] page ids
+    return pages * ps + pos % ps  # [n] slots

@@ -23,3 +23,16 @@ def make_parent(path: str) -> str:
     if parent:
         os.makedirs(parent, exist_ok=True)
     return path
+
+
+def kv_capacity_line(cfg) -> str:
+    """What the KV cache holds, for a command to print: its dtype and capacity in tokens.
+
+    ``cfg`` is the engine's :class:`~paged_np.CacheConfig`, e.g.
+    ``KV cache: int8 (+ a float32 scale per token and kv head), 1,024 pages of 16
+    tokens = 16,384 tokens in 68.0 MiB``.
+    """
+    scales = " (+ a float32 scale per token and kv head)" if cfg.quantized else ""
+    return (f"KV cache: {cfg.kv_cache_dtype}{scales}, {cfg.num_pages:,} pages of "
+            f"{cfg.page_size} tokens = {cfg.num_slots:,} tokens in "
+            f"{cfg.num_pages * cfg.bytes_per_page / 2**20:.1f} MiB")

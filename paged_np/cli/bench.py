@@ -20,6 +20,7 @@ Usage::
     python -m paged_np bench            # full run, a few minutes
     python -m paged_np bench --quick    # under a minute
     python -m paged_np bench --backend numba --out benchmarks
+    python -m paged_np bench --kv-dtypes    # each kv_cache_dtype: capacity, time, error
 
 Writes ``results.json`` (this run), ``results-<isa>.json`` (this run, kept per
 instruction set: see :func:`isa_key`), ``results.md`` (one section per
@@ -32,7 +33,8 @@ The layers, each importing only those below it: :mod:`paged_np.cli.machine`
 measures the limits, :mod:`paged_np.cli.bench_case` makes the decode case,
 :mod:`paged_np.cli.bench_report` writes the tables and the figure; this module
 runs the cases on top of them (their names are importable from here too), and
-hands ``--model`` to :mod:`paged_np.cli.bench_serving`.
+hands ``--model`` to :mod:`paged_np.cli.bench_serving` and ``--kv-dtypes`` to
+:mod:`paged_np.cli.bench_kv`.
 """
 
 from __future__ import annotations
@@ -264,6 +266,9 @@ def parse_args(argv):
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes, under a minute")
     ap.add_argument("--backend", default="numba", choices=sorted(BACKENDS))
+    ap.add_argument("--kv-dtypes", action="store_true",
+                    help="only the kv_cache_dtype table: capacity, decode time and error of "
+                         "float32, float16, int8 and fp8_e4m3 pages (kv_dtype.md)")
     ap.add_argument("--out", default=DEFAULT_OUT["bench"],
                     help=f"folder for results (default {DEFAULT_OUT['bench']}; the "
                          f"repository's committed figures are regenerated with --out benchmarks)")
@@ -291,6 +296,11 @@ def main(argv: list[str]) -> int:
 
     def log(msg):
         print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)
+
+    if args.kv_dtypes:
+        from .bench_kv import run as bench_kv_dtypes
+
+        return bench_kv_dtypes(args.out, args.quick, log)
 
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     res = BACKENDS[args.backend](cfg, log)

@@ -19,6 +19,7 @@ import argparse
 import sys
 import time
 
+from . import kv_capacity_line
 from .options import add_engine_args, engine_config, engine_options
 
 #: The chat's own defaults for engine options: a smaller arena than a server's
@@ -100,8 +101,10 @@ def main(argv: list[str], stdin=None, stdout=None) -> int:
         return 1
     from ..serving import warm_up
 
-    compile_s = warm_up(llm.model, llm.engine.cache.cfg.page_size, args.backend)
+    compile_s = warm_up(llm.model, llm.engine.cache.cfg.page_size, args.backend,
+                        args.kv_cache_dtype)
     print(f"JIT compile + first calls (kept out of tokens/s): {compile_s:.2f} s", file=stdout)
+    print(kv_capacity_line(llm.engine.cache.cfg), file=stdout)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
     start = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(start)

@@ -38,7 +38,7 @@ from ..config import ModelConfig
 from ..engine.engine import Engine
 from ..models.llama import LlamaModel
 from ..serving import serve, summary, warm_up
-from . import DEFAULT_OUT, make_parent
+from . import DEFAULT_OUT, kv_capacity_line, make_parent
 from .options import add_engine_args, engine_config, engine_options
 
 #: The toy demo's engine options (the rest are EngineConfig's): a cache too small for
@@ -120,8 +120,9 @@ def main(argv: list[str]) -> int:
     work = make_workload(args.requests, model.cfg.vocab_size, args.seed)
     engine = Engine(model, **engine_options(args))
     pages = engine.cache.cfg.num_pages
-    compile_s = warm_up(model, args.page_size, args.backend)
+    compile_s = warm_up(model, args.page_size, args.backend, args.kv_cache_dtype)
     print(f"JIT compile + first calls (warm-up, kept out of tokens/s): {compile_s:.2f} s")
+    print(kv_capacity_line(engine.cache.cfg))
     print(f"serving {args.requests} requests on a {pages}-page cache "
           f"(page_size {args.page_size}, {args.preemption_mode} preemption, "
           f"backend {args.backend})")

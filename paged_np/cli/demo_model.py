@@ -25,7 +25,7 @@ import argparse
 import sys
 import time
 
-from . import DEFAULT_OUT, make_parent
+from . import DEFAULT_OUT, kv_capacity_line, make_parent
 from .options import add_engine_args, engine_config, engine_options
 
 #: The real demo's engine options (the rest are EngineConfig's): 24 pages hold far
@@ -134,9 +134,10 @@ def run(args) -> int:
     t_loaded = time.perf_counter()
     print(f"loaded {llm.model_name} in {t_loaded - t_start:.1f} s "
           f"({llm.model.nbytes / 2**20:.0f} MiB of float32 weights)")
-    compile_s = warm_up(llm.model, args.page_size, args.backend)
+    compile_s = warm_up(llm.model, args.page_size, args.backend, args.kv_cache_dtype)
     pages = llm.engine.cache.cfg.num_pages
     print(f"JIT compile + first calls (warm-up, kept out of tokens/s): {compile_s:.2f} s")
+    print(kv_capacity_line(llm.engine.cache.cfg))
 
     questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(args.requests)]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 
+from . import kv_capacity_line
 from .options import add_engine_args, engine_config, engine_options
 
 # A model that needs no download: random weights and the tiny test tokenizer.
@@ -101,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"serving {args.served_model_name or args.model} on http://{args.host}:{args.port}/v1 "
           f"({llm.engine.cache.cfg.num_pages} pages of {llm.engine.cache.cfg.page_size} tokens)",
           flush=True)
+    print(kv_capacity_line(llm.engine.cache.cfg), flush=True)
     print(f"the cache, live: http://{args.host}:{args.port}/dashboard", flush=True)
     serve(llm, host=args.host, port=args.port, served_model_name=args.served_model_name
           or args.model, drain_s=args.drain_timeout, log_level=args.log_level,

@@ -5,6 +5,7 @@
     python -m paged_np simulate --quick                  # the vLLM paper's figures, small
     python -m paged_np simulate --json out.json --plot out.png --seed 0
     python -m paged_np simulate --prefix-cache --json p.json --markdown p.md
+    python -m paged_np simulate --quick --kv-cache-dtype int8  # 1.94x the tokens in 12 GiB
 
 Without ``--prefix-cache`` it runs :func:`paged_np.sim.simulate.run` (where
 KV memory goes: contiguous reservation vs pages, sharing, eviction policies)
@@ -21,6 +22,8 @@ import argparse
 import json
 import time
 
+from ..config import KV_CACHE_DTYPES
+
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="python -m paged_np simulate",
@@ -32,6 +35,9 @@ def parse_args(argv):
     ap.add_argument("--prefix-cache", action="store_true",
                     help="instead: hash chain vs radix tree, fcfs vs lpm (see sim/prefix.py)")
     ap.add_argument("--markdown", metavar="PATH", help="--prefix-cache: write the table here")
+    ap.add_argument("--kv-cache-dtype", default="float16", choices=list(KV_CACHE_DTYPES),
+                    help="the KV format of the memory breakdown's 12 GiB (default float16, "
+                         "the paper's): it sets the bytes of a page and so the token slots")
     return ap.parse_args(argv)
 
 
@@ -65,7 +71,12 @@ def main(argv: list[str]) -> int:
     from ..sim.plot import plot_all, report
 
     t0 = time.perf_counter()
-    res = simulate.run(args.seed, args.quick)
+    for fmt in KV_CACHE_DTYPES:                  # each format's page, and the slots it leaves
+        if fmt != "auto":
+            print(f"{fmt:>9}: {simulate.page_bytes(fmt):>9,} bytes per 16-token page of OPT-13B,"
+                  f" {simulate.kv_slots(fmt):>6,} token slots in 12 GiB"
+                  + ("   <- this run" if fmt == args.kv_cache_dtype else ""))
+    res = simulate.run(args.seed, args.quick, kv_cache_dtype=args.kv_cache_dtype)
     print(report(res))
     print(f"({time.perf_counter() - t0:.1f} s)")
     write_json(res, args.json)

@@ -5,6 +5,10 @@ before freeing them, and copies them back when the victim is admitted again
 (pages still found in the cache by prefix are not even copied). The scheduler
 asks the cache for room first (``can_allocate``), so :meth:`SwapArena.swap_in`
 runs only when the pages are there.
+
+The bytes move as they are: with an 8-bit ``kv_cache_dtype`` the codes and
+their scales (``cache.kv_scales``) go out and come back together, so a
+swapped sequence reads exactly what it wrote (nothing is quantized twice).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ class SwapArena:
         shape = list(cache.arena.shape)
         shape[2] = num_pages
         self.data = np.zeros(shape, dtype=cache.arena.dtype)
+        # The scales of 8-bit pages, [num_layers, 2, swap_pages, Hkv, page_size], or None.
+        self.scales = None if cache.kv_scales is None else np.ones(shape[:-1], np.float32)
         self.page_size = cache.page_size
         self._free = list(range(num_pages - 1, -1, -1))
 
@@ -44,6 +50,8 @@ class SwapArena:
             return None
         host = [self._free.pop() for _ in range(n_pages)]
         self.data[:, :, host] = cache.arena[:, :, pages]            # every layer, K and V
+        if self.scales is not None:
+            self.scales[:, :, host] = cache.kv_scales[:, :, pages]  # and their scales
         return host
 
     def swap_in(self, cache, req: Request, start: int) -> None:
@@ -56,10 +64,11 @@ class SwapArena:
         pos = np.arange(start, end)                                 # [n] positions
         host = np.asarray(req.swap_pages)[pos // self.page_size]    # [n] host pages
         off = pos % self.page_size                                  # [n]
-        for layer in range(self.data.shape[0]):
-            k = self.data[layer, 0][host, :, off]                   # [n, Hkv, D]
-            v = self.data[layer, 1][host, :, off]                   # [n, Hkv, D]
-            cache.write_kv(layer, slots, k, v)
+        page, slot_off = slots // self.page_size, slots % self.page_size  # [n] each
+        # Every layer, K and V, in one copy: both sides index [n, L, 2, Hkv, (D)].
+        cache.arena[:, :, page, :, slot_off] = self.data[:, :, host, :, off]
+        if self.scales is not None:
+            cache.kv_scales[:, :, page, :, slot_off] = self.scales[:, :, host, :, off]
         cache.append_tokens(req.seq_id, req.tokens(start, end))
 
     def release(self, req: Request) -> None:

@@ -268,8 +268,10 @@ class LlamaModel:
             q, k, v = self.qkv(layer, x, rope)                   # [T, Hq, D], [T, Hkv, D] x2
             cache.write_kv(layer, batch.slots, k, v)             # scatter into the arena
             k_pages, v_pages = cache.layer(layer)                # [P, Hkv, page_size, D] views
-            attn = paged_attention(q, k_pages, v_pages, metadata=meta,
-                                   backend=backend)              # [T, Hq, D]
+            k_scales, v_scales = cache.layer_scales(layer)       # 8-bit pages' scales, or None
+            quant = {} if k_scales is None else dict(k_scales=k_scales, v_scales=v_scales)
+            attn = paged_attention(q, k_pages, v_pages, metadata=meta, backend=backend,
+                                   **quant)                      # [T, Hq, D]
             x = self.finish_layer(layer, x, attn)                # [T, H]
         return self.logits(x[batch.logits_indices])              # [S, V]
 

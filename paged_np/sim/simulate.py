@@ -12,6 +12,9 @@ the KV memory goes, under three experiments from Kwon et al. (SOSP 2023):
 1. **Memory breakdown** (the paper's Fig. 2). A trace is served FCFS with
    continuous batching under a fixed budget of ``KV_SLOTS`` token slots
    (OPT-13B on an A100-40GB: about 12 GiB of KV at 800 KiB per token).
+   ``kv_cache_dtype`` changes the bytes of a token and so the slots the same
+   12 GiB hold (:func:`kv_slots`): float16 is the paper's, int8 and fp8
+   hold 1.94x its tokens (a float32 scale per token and head included).
 
    - *Contiguous* (Orca): at admission a request gets one contiguous range of
      slots from a first-fit allocator: the model's maximum length (2048,
@@ -75,6 +78,21 @@ from . import workloads as wl
 from .contiguous import MAX_LEN, SCHEMES, FirstFit, reserve_size
 
 KV_SLOTS = 15728  # 12 GiB of KV / 800 KiB per token (OPT-13B: 2 * 40 layers * 5120 * 2 bytes)
+#: OPT-13B's KV shape: layers, heads, head size (2 * 40 * 40 * 128 values per token).
+OPT13B = dict(num_layers=40, num_kv_heads=40, head_dim=128)
+KV_BYTES = 15728 * 800 * 1024  # the budget KV_SLOTS comes from
+
+
+def page_bytes(kv_cache_dtype: str = "float16", page_size: int = 16) -> int:
+    """Bytes of one OPT-13B page in ``kv_cache_dtype`` (:attr:`CacheConfig.bytes_per_page`:
+    the 8-bit formats' scales included)."""
+    return CacheConfig(num_pages=1, page_size=page_size, dtype=kv_cache_dtype,
+                       **OPT13B).bytes_per_page
+
+
+def kv_slots(kv_cache_dtype: str = "float16", page_size: int = 16) -> int:
+    """Token slots OPT-13B's 12 GiB of KV hold in ``kv_cache_dtype`` (float16: KV_SLOTS)."""
+    return KV_BYTES // page_bytes(kv_cache_dtype, page_size) * page_size
 MAX_BATCH = 256  # vLLM's default max_num_seqs
 WATERMARK = 0.01  # vLLM keeps 1% of pages free when admitting
 CATEGORIES = ("token_states", "reservation", "internal_frag", "external_frag")
@@ -329,11 +347,13 @@ SIZES = {
 }
 
 
-def run(seed: int = 0, quick: bool = False, progress: bool = True) -> dict:
+def run(seed: int = 0, quick: bool = False, progress: bool = True,
+        kv_cache_dtype: str = "float16") -> dict:
     """Run the three experiments; return the results dict that ``--json`` writes.
 
     Every experiment draws from its own generator, seeded by ``(seed, k)``, so
     results do not depend on which experiments run or in which order.
+    ``kv_cache_dtype`` sets the memory breakdown's token slots (:func:`kv_slots`).
     """
     from tqdm import tqdm
 
@@ -345,13 +365,16 @@ def run(seed: int = 0, quick: bool = False, progress: bool = True) -> dict:
     prefix = {"chat": wl.chat_trace(rng(10), num_conversations=size["conversations"]),
               "fewshot": wl.fewshot_trace(rng(11), num_requests=size["fewshot"])}
     ps = 16  # vLLM's default page (block) size: the headline everywhere
+    slots = kv_slots(kv_cache_dtype, ps)
 
     jobs = []  # (key path, function): one progress-bar tick each
     for d, t in traces.items():
         for s in SCHEMES:
-            jobs.append((("breakdown", d, s), lambda t=t, s=s: serve_contiguous(t, s)))
+            jobs.append((("breakdown", d, s),
+                         lambda t=t, s=s: serve_contiguous(t, s, num_slots=slots)))
         for p in size["page_sizes"]:
-            jobs.append((("breakdown", d, f"paged_{p}"), lambda t=t, p=p: serve_paged(t, p)))
+            jobs.append((("breakdown", d, f"paged_{p}"),
+                         lambda t=t, p=p: serve_paged(t, p, num_slots=slots)))
     for i, (d, t) in enumerate(sharing.items()):
         for n in WIDTHS:
             jobs.append((("parallel_sampling", d, str(n)),
@@ -379,7 +402,8 @@ def run(seed: int = 0, quick: bool = False, progress: bool = True) -> dict:
     return {
         "seed": seed,
         "quick": quick,
-        "config": {"kv_slots": KV_SLOTS, "max_len": MAX_LEN, "max_batch": MAX_BATCH,
+        "config": {"kv_slots": slots, "kv_cache_dtype": kv_cache_dtype, "max_len": MAX_LEN,
+                   "max_batch": MAX_BATCH,
                    "watermark": WATERMARK, "page_size": ps, "page_sizes": list(size["page_sizes"]),
                    "widths": list(WIDTHS), "beam_ambiguity": wl.BEAM_AMBIGUITY, **size},
         "datasets": {d: {"requests": len(t),

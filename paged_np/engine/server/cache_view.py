@@ -251,7 +251,7 @@ class CacheView:
         return {"num_pages": cfg.num_pages, "page_size": cfg.page_size,
                 "prefix_cache": self.cache.prefix_index.kind,
                 "eviction_policy": self.cache.pool.eviction_policy,
-                "schedule": ecfg.schedule, "kv_cache_dtype": str(cfg.dtype),
+                "schedule": ecfg.schedule, "kv_cache_dtype": cfg.kv_cache_dtype,
                 "bytes_per_page": cfg.bytes_per_page, "max_num_seqs": ecfg.max_num_seqs,
                 "speculative": ecfg.speculative_config is not None}
 

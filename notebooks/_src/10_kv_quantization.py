@@ -1,0 +1,206 @@
+# %% [markdown]
+# # 10. Quantized KV pages: int8 and fp8
+#
+# The KV cache is the memory this package manages, and so far every page held float32
+# (or float16) numbers. A page of 8-bit numbers holds the same tokens in a quarter of
+# float32's bytes: about **4x the tokens in the same memory**, so 4x the chats before
+# anyone is preempted, and at long context the decode kernel, which is limited by the
+# memory bus, reads 4x fewer bytes. vLLM stores KV as fp8, llama.cpp as q8_0
+# (`--cache-type-k q8_0`). The price is rounding. This lesson measures both sides.
+#
+# `kv_cache_dtype` (vLLM's name) picks the format: `"auto"` (float32), `"float16"`,
+# `"int8"` or `"fp8_e4m3"`.
+
+# %%
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+import paged_np as pnp
+from paged_np.cache.kv_quant import FP8_E4M3, dequantize, quantize
+from _exercise import check              # notebooks/_exercise.py: checks your answers
+
+rng = np.random.default_rng(0)
+BENCHMARKS = Path(pnp.__file__).resolve().parents[1] / "benchmarks"   # committed tables
+
+# %% [markdown]
+# ## One row, one scale
+#
+# An 8-bit number has 256 values, so a K or V row must be *scaled* into their range
+# first. paged_np keeps one float32 **scale per token and kv head**: the `head_dim`
+# values one token writes for one kv head share it. Symmetric quantization, int8:
+#
+# ```
+# scale = max(|x|) / 127        # the row's largest value becomes +-127
+# code  = round(x / scale)      # int8 in [-127, 127]
+# x'    = code * scale          # what attention reads back
+# ```
+#
+# Rounding moves each value by at most half a step, `scale / 2`. Here is one page of K
+# (one kv head, 16 tokens of 64 values) with a few large channels, as real models have.
+
+# %%
+page = rng.standard_normal((16, 64)).astype(np.float32)         # [page_size, head_dim]
+page[:, [3, 40]] *= 8                                           # two outlier channels
+codes, scales = quantize(page, "int8")                          # int8 [16, 64], f32 [16]
+back = dequantize(codes, scales)                                # float32 [16, 64]
+print("token 0: x =", page[0, :4].round(3), "codes", codes[0, :4], "scale", scales[0])
+print("largest error:", np.abs(back - page).max(), " half a step:", scales.max() / 2)
+assert (np.abs(back - page) <= scales[:, None] / 2 * 1.0001).all()
+
+# %% [markdown]
+# ## The error of a page, drawn
+#
+# Each cell below is one value of the page: its error after int8 and after fp8
+# quantization. fp8 e4m3 (1 sign, 4 exponent, 3 mantissa bits) keeps a *relative*
+# precision: small values are stored finely, large ones coarsely. int8 has the same
+# absolute step across the row, so its error is flat.
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.2), sharey=True)
+for ax, fmt in zip(axes, ("int8", "fp8_e4m3")):
+    err = np.abs(dequantize(*quantize(page, fmt)) - page)       # [16, 64]
+    im = ax.imshow(err, aspect="auto", cmap="magma")
+    ax.set(title=f"{fmt}: |x' - x| (max {err.max():.3f})", xlabel="head_dim",
+           ylabel="token of the page")
+    fig.colorbar(im, ax=ax)
+plt.show()
+
+# %% [markdown]
+# The two outlier columns set each row's scale, so the *other* values of a row get a
+# coarse step too: that is why a scale per token (and not one per page) matters, and
+# why llama.cpp's q8_0 uses a scale per 32 values. paged_np measured the three choices
+# on SmolLM2's real K/V (`benchmarks/kv_scale_granularity.md`).
+
+# %%
+print((BENCHMARKS / "kv_scale_granularity.md").read_text())
+
+# %% [markdown]
+# ## The fp8 grid
+#
+# fp8 e4m3 values are not evenly spaced: every power of two holds 8 of them. The 256
+# codes are read back through a table (`FP8_E4M3`); its positive half, drawn beside
+# int8's evenly spaced grid (both scaled to a maximum of 1):
+
+# %%
+pos = FP8_E4M3[:0x7F] / 448                                     # codes 0..126, ascending
+plt.figure(figsize=(9, 1.8))
+plt.plot(pos, np.zeros_like(pos) + 1, "|", ms=14, label="fp8 e4m3 / 448")
+plt.plot(np.arange(128) / 127, np.zeros(128), "|", ms=14, label="int8 / 127")
+plt.yticks([]); plt.xlabel("value / max"); plt.legend(loc="center right")
+plt.show()
+
+# %% [markdown]
+# ## Capacity: pages per MiB
+#
+# The same 64 MiB budget, four formats (the tiny test model: 2 layers, 2 kv heads of
+# 32). The 8-bit pages pay 4 bytes of scale per 32-byte row, so they hold 3.56x
+# float32's pages here, 3.76x with SmolLM2's rows of 64.
+
+# %%
+model_cfg = pnp.ModelConfig()
+formats = ["auto", "float16", "int8", "fp8_e4m3"]
+pages = {f: pnp.EngineConfig(kv_cache_dtype=f, kv_cache_memory="64MiB")
+         .cache_config(model_cfg).num_pages for f in formats}
+for f in formats:
+    print(f"{f:>9}: {pages[f]:>7,} pages  ({pages[f] / pages['auto']:.2f}x float32)")
+assert pages["int8"] >= 3.5 * pages["auto"]
+
+# %% [markdown]
+# ## Quality: how far attention moves
+#
+# A decode step over a paged cache of 300 tokens, once per format. The kernel reads the
+# codes, widens them, and multiplies each score and each weight by its token's scale;
+# the result is compared with the same attention over the float32 K/V.
+
+# %%
+def attention_error(fmt, n=300, heads=(8, 2), d=64, ps=16):
+    cache = pnp.PagedKVCache(pnp.CacheConfig(num_pages=32, page_size=ps, num_kv_heads=2,
+                                             head_dim=d, dtype=fmt))
+    cache.add_sequence("a", list(range(n)))
+    k, v = (rng.standard_normal((n, 2, d)).astype(np.float32) for _ in range(2))
+    k[:, :, [3, 40]] *= 8                                       # outlier channels again
+    cache.write_kv(0, cache.allocate_slots("a", n), k, v)
+    cache.append_tokens("a", list(range(n)))
+    q = rng.standard_normal((1, heads[0], d)).astype(np.float32)
+    b = cache.batch(["a"])
+    kp, vp = cache.layer(0)
+    ks, vs = cache.layer_scales(0)
+    out = pnp.paged_attention(q, kp, vp, b.block_tables, b.seq_lens, k_scales=ks,
+                              v_scales=vs, backend="numpy")
+    ref, _ = pnp.attention.reference.dense_attention(q, k, v, dtype=np.float32)
+    return float(np.abs(out - ref[-1:]).max() / np.abs(ref).max())
+
+errors = {f: attention_error(f) for f in formats}
+print({f: f"{e:.1e}" for f, e in errors.items()})
+plt.figure(figsize=(5, 3.2))
+for f in formats:
+    plt.scatter(pages[f] / pages["auto"], max(errors[f], 1e-9), s=60)
+    plt.annotate(f, (pages[f] / pages["auto"], max(errors[f], 1e-9)), xytext=(6, 4),
+                 textcoords="offset points")
+plt.yscale("log"); plt.xlabel("pages per MiB / float32's"); plt.ylabel("attention error")
+plt.title("capacity against quality"); plt.show()
+
+# %% [markdown]
+# **Perplexity.** The attention error is a proxy. What a user notices is the model's
+# answers; `python -m paged_np eval` (issue 26, part 2) measures perplexity for each
+# `kv_cache_dtype`. The cell below shows its committed table when there is one.
+
+# %%
+# Reads a committed perplexity table if the repository has one (benchmarks/perplexity*.md).
+tables = sorted(BENCHMARKS.glob("perplexity*.md"))
+for path in tables:
+    print(path.read_text())
+if not tables:
+    print("no perplexity table committed yet: the attention errors above are the measure")
+
+# %% [markdown]
+# ## The engine with int8 pages
+#
+# `kv_cache_dtype` is an engine option like any other (`LLM`, `Engine`, `serve`,
+# `--kv-cache-dtype` on every command). The write path quantizes each token's row as it
+# is written; copy-on-write copies a page's scales with it, swap moves them, a prefix
+# hit reuses them. The tiny random model, float32 pages against int8 pages:
+
+# %%
+model = pnp.LlamaModel.random(pnp.ModelConfig(), seed=0)
+params = pnp.SamplingParams(max_tokens=12, temperature=0)
+prompt = list(range(5, 45))
+texts = {}
+for f in ("auto", "int8"):
+    engine = pnp.Engine(model, num_pages=24, page_size=8, kv_cache_dtype=f, backend="numpy")
+    texts[f] = engine.generate([prompt], params)[0].token_ids
+    print(f"{f:>5}: {texts[f]}   ({engine.cache.cfg.bytes_per_page} bytes per page)")
+
+# %% [markdown]
+# ## Exercise 10: quantize one page by hand
+#
+# Write `my_quantize(page)`: for a float32 page `[page_size, head_dim]` of one kv head,
+# return `(codes, scales)`: int8 codes `[page_size, head_dim]` and float32 scales
+# `[page_size]`, one per token, as described at the top (symmetric, largest value to
+# +-127, round to the nearest integer). Then `worst`: the largest `|x' - x|` your codes
+# give on `page`. The check compares with `paged_np.cache.kv_quant.quantize`.
+
+# %% exercise 10
+def my_quantize(page):
+    raise NotImplementedError
+
+
+worst = None        # max |dequantized - page| of your codes
+
+# %% check 10
+from _exercise import attempt
+
+got = attempt(my_quantize, page)
+want_codes, want_scales = quantize(page, "int8")
+ok_shape = isinstance(got, tuple) and len(got) == 2
+check("10", dict(codes=got[0] if ok_shape else got, scales=got[1] if ok_shape else got,
+                 worst=worst),
+      dict(codes=want_codes, scales=want_scales,
+           worst=float(np.abs(dequantize(want_codes, want_scales) - page).max())),
+      hints=dict(codes="np.rint(page / scales[:, None]), then .astype(np.int8)",
+                 scales="one per row: np.abs(page).max(axis=1) / 127",
+                 worst="dequantize: codes * scales[:, None], then compare with page"),
+      done="one scale per token: a page fills token by token, and no token's scale ever "
+           "changes after it is written.", atol=1e-5)
