@@ -1,0 +1,215 @@
+"""Numba kernels over the repacked quantized layout of :mod:`.matrix`.
+
+The layout (built once, on load): output rows are taken in groups of
+``LANES`` (32) consecutive rows, and for each group and each 32-weight block
+the 32 rows' quantized values are stored side by side::
+
+    Q4: qs uint8 [G, nb, 16, LANES]   byte (j, r) = row r's weight j (low nibble)
+                                                    and weight j + 16 (high nibble)
+    Q8: qs int8  [G, nb, 32, LANES]   row r's weight j
+        d, m float32 [G, nb, LANES]   row r's block scale (and minimum)
+
+so the innermost loop runs across *rows*: one input value ``x[j]`` is
+broadcast and multiplied into 32 rows' weights at once, a SIMD multiply-add
+whose lanes never need to be summed together. The block's scale is then a
+vector too (32 rows' scales), applied once per block::
+
+    y[r] = sum_b ( d[b, r] * sum_j q[b, j, r] * x[b, j]  +  m[b, r] * sum_j x[b, j] )
+
+(The obvious loop, one row at a time, must add its 32 products into one
+number at every block before it can scale them, and that horizontal sum stops
+the vectorisation: 2 GB/s instead of the memory's 10-20.)
+
+Kernels (all take checked, contiguous arrays; :mod:`.matrix` validates):
+
+- ``*_matvec``: one input row (decode at batch 1), parallel over row groups;
+- ``*_rows``: 2-16 input rows (a batch of decodes, a speculative verify step):
+  each block is dequantized once into 32 lanes and multiplied into every
+  input row, so the weights are read once per step whatever the row count;
+- ``*_panel``: dequantize row groups into a float32 ``[in, rows]`` tile for
+  BLAS (prefill and large batches, where the multiply is compute-bound);
+- ``*_embed``: dequantize whole rows (token embedding lookup).
+
+The loops read their trip counts from the arrays' shapes (not constants):
+with a constant 16 or 32 LLVM unrolls the lane loop fully and vectorises the
+wrong way (measured 2.5x slower).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ..config import JIT_OPTIONS
+
+#: Output rows per group: the SIMD lanes of the inner loop (2 AVX-512 vectors of float32).
+LANES = 32
+
+
+@njit(**JIT_OPTIONS)
+def _block_sums(x):
+    """``x`` float32 [T, K] -> per-block sums [T, K/32] (the minimum's term of Q4)."""
+    T, K = x.shape
+    nb = K // 32
+    xs = np.empty((T, nb), np.float32)
+    for t in range(T):
+        for b in range(nb):
+            s = np.float32(0.0)
+            for j in range(32):
+                s += x[t, b * 32 + j]
+            xs[t, b] = s
+    return xs
+
+
+@njit(parallel=True, **JIT_OPTIONS)
+def q4_matvec(qs, d, m, x, y):
+    """Q4 ``[G*LANES, K]`` times ``x`` float32 [1, K] -> ``y`` float32 [1, G*LANES]."""
+    G, nb, _, R = qs.shape
+    xs = _block_sums(x)
+    for g in prange(G):
+        acc = np.zeros(R, np.float32)
+        s = np.empty(R, np.float32)
+        for b in range(nb):
+            s[:] = 0.0
+            base = b * 32
+            for j in range(16):
+                xl = x[0, base + j]
+                xh = x[0, base + 16 + j]
+                row = qs[g, b, j]
+                for r in range(R):
+                    q = row[r]
+                    s[r] += np.float32(q & np.uint8(15)) * xl + np.float32(q >> np.uint8(4)) * xh
+            db, mb, xb = d[g, b], m[g, b], xs[0, b]
+            for r in range(R):
+                acc[r] += db[r] * s[r] + mb[r] * xb
+        y[0, g * R:(g + 1) * R] = acc
+
+
+@njit(parallel=True, **JIT_OPTIONS)
+def q8_matvec(qs, d, x, y):
+    """Q8 ``[G*LANES, K]`` times ``x`` float32 [1, K] -> ``y`` float32 [1, G*LANES]."""
+    G, nb, _, R = qs.shape
+    for g in prange(G):
+        acc = np.zeros(R, np.float32)
+        s = np.empty(R, np.float32)
+        for b in range(nb):
+            s[:] = 0.0
+            base = b * 32
+            for j in range(32):
+                xj = x[0, base + j]
+                row = qs[g, b, j]
+                for r in range(R):
+                    s[r] += np.float32(row[r]) * xj
+            db = d[g, b]
+            for r in range(R):
+                acc[r] += db[r] * s[r]
+        y[0, g * R:(g + 1) * R] = acc
+
+
+@njit(parallel=True, **JIT_OPTIONS)
+def q4_rows(qs, d, m, x, y):
+    """Q4 times ``x`` float32 [T, K] (T small) -> ``y`` [T, G*LANES]; each block read once."""
+    G, nb, _, R = qs.shape
+    T = x.shape[0]
+    for g in prange(G):
+        acc = np.zeros((T, R), np.float32)
+        wl = np.empty(R, np.float32)
+        wh = np.empty(R, np.float32)
+        for b in range(nb):
+            db, mb = d[g, b], m[g, b]
+            base = b * 32
+            for j in range(16):
+                row = qs[g, b, j]
+                for r in range(R):                               # dequantize 2 x 32 lanes
+                    q = row[r]
+                    wl[r] = db[r] * np.float32(q & np.uint8(15)) + mb[r]
+                    wh[r] = db[r] * np.float32(q >> np.uint8(4)) + mb[r]
+                for t in range(T):                               # ... and use them T times
+                    xl = x[t, base + j]
+                    xh = x[t, base + 16 + j]
+                    at = acc[t]
+                    for r in range(R):
+                        at[r] += wl[r] * xl + wh[r] * xh
+        y[:, g * R:(g + 1) * R] = acc
+
+
+@njit(parallel=True, **JIT_OPTIONS)
+def q8_rows(qs, d, x, y):
+    """Q8 times ``x`` float32 [T, K] (T small) -> ``y`` [T, G*LANES]; each block read once."""
+    G, nb, _, R = qs.shape
+    T = x.shape[0]
+    for g in prange(G):
+        acc = np.zeros((T, R), np.float32)
+        s = np.empty((T, R), np.float32)
+        for b in range(nb):
+            s[:] = 0.0
+            base = b * 32
+            for j in range(32):
+                row = qs[g, b, j]
+                for t in range(T):
+                    xj = x[t, base + j]
+                    st = s[t]
+                    for r in range(R):
+                        st[r] += np.float32(row[r]) * xj
+            db = d[g, b]
+            for t in range(T):
+                for r in range(R):
+                    acc[t, r] += db[r] * s[t, r]
+        y[:, g * R:(g + 1) * R] = acc
+
+
+@njit(parallel=True, **JIT_OPTIONS)
+def q4_panel(qs, d, m, g0, g1, out):
+    """Dequantize row groups ``[g0, g1)`` into ``out`` float32 [K, (g1-g0)*LANES] (``[in, out]``)."""
+    nb, R = qs.shape[1], qs.shape[3]
+    for g in prange(g0, g1):
+        c = (g - g0) * R
+        for b in range(nb):
+            db, mb = d[g, b], m[g, b]
+            for j in range(16):
+                row = qs[g, b, j]
+                lo = out[b * 32 + j]
+                hi = out[b * 32 + 16 + j]
+                for r in range(R):
+                    q = row[r]
+                    lo[c + r] = db[r] * np.float32(q & np.uint8(15)) + mb[r]
+                    hi[c + r] = db[r] * np.float32(q >> np.uint8(4)) + mb[r]
+
+
+@njit(parallel=True, **JIT_OPTIONS)
+def q8_panel(qs, d, g0, g1, out):
+    """Dequantize row groups ``[g0, g1)`` into ``out`` float32 [K, (g1-g0)*LANES]."""
+    nb, R = qs.shape[1], qs.shape[3]
+    for g in prange(g0, g1):
+        c = (g - g0) * R
+        for b in range(nb):
+            db = d[g, b]
+            for j in range(32):
+                row = qs[g, b, j]
+                o = out[b * 32 + j]
+                for r in range(R):
+                    o[c + r] = db[r] * np.float32(row[r])
+
+
+@njit(**JIT_OPTIONS)
+def q4_embed(qs, d, m, ids, out):
+    """Rows ``ids`` (checked: 0 <= id < rows) of a Q4 matrix -> ``out`` float32 [T, K]."""
+    nb, R = qs.shape[1], qs.shape[3]
+    for t in range(ids.shape[0]):
+        g, r = ids[t] // R, ids[t] % R
+        for b in range(nb):
+            for j in range(16):
+                q = qs[g, b, j, r]
+                out[t, b * 32 + j] = d[g, b, r] * np.float32(q & np.uint8(15)) + m[g, b, r]
+                out[t, b * 32 + 16 + j] = d[g, b, r] * np.float32(q >> np.uint8(4)) + m[g, b, r]
+
+
+@njit(**JIT_OPTIONS)
+def q8_embed(qs, d, ids, out):
+    """Rows ``ids`` (checked: 0 <= id < rows) of a Q8 matrix -> ``out`` float32 [T, K]."""
+    nb, R = qs.shape[1], qs.shape[3]
+    for t in range(ids.shape[0]):
+        g, r = ids[t] // R, ids[t] % R
+        for b in range(nb):
+            for j in range(32):
+                out[t, b * 32 + j] = d[g, b, r] * np.float32(qs[g, b, j, r])
