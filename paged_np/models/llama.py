@@ -56,6 +56,7 @@ from ..attention.reference import dense_attention
 from ..checks import as_token_ids, check_positive_int
 from ..config import ModelConfig
 from ..errors import DTypeError, InvalidArgument, ShapeError
+from .quantized import check_quantized, fuse, is_quantized, weight_bytes
 
 # Weight names, their shapes as functions of the config, and whether they are
 # stacked over layers (a leading [num_layers] axis).
@@ -125,6 +126,21 @@ class LlamaModel:
         missing = sorted(set(shapes) - set(weights))
         if missing:
             raise InvalidArgument(f"weights: missing {missing}")
+        q_dim = cfg.num_heads * cfg.head_dim
+        kv_dim = cfg.num_kv_heads * cfg.head_dim
+        inter = cfg.intermediate_size
+        self.quantized = is_quantized(weights)
+        if self.quantized:
+            self._init_quantized(shapes, weights)
+        else:
+            self._init_float(shapes, weights, q_dim, kv_dim, inter)
+        self._q_dim, self._kv_dim, self._inter = q_dim, kv_dim, inter
+        # RoPE frequencies, one per pair of dims: theta^(-2i/D), i < D/2.
+        half = cfg.head_dim // 2
+        self._inv_freq = cfg.rope_theta ** (-np.arange(half, dtype=np.float64) / half)  # [D/2]
+
+    def _init_float(self, shapes, weights, q_dim, kv_dim, inter):
+        cfg = self.cfg
         for name, shape in shapes.items():
             if np.shape(weights[name]) != shape:
                 raise ShapeError(f"weights[{name!r}] must have shape {shape}, "
@@ -133,9 +149,6 @@ class LlamaModel:
         # Fused storage: one matrix-vector product per group instead of three (or two).
         self.wqkv = np.concatenate([f32["wq"], f32["wk"], f32["wv"]], axis=2)  # [L, H, q+2kv]
         self.w_gate_up = np.concatenate([f32["w_gate"], f32["w_up"]], axis=2)  # [L, H, 2I]
-        q_dim = cfg.num_heads * cfg.head_dim
-        kv_dim = cfg.num_kv_heads * cfg.head_dim
-        inter = cfg.intermediate_size
         self.w = {name: np.ascontiguousarray(f32[name]) for name in
                   ("embed", "attn_norm", "wo", "mlp_norm", "w_down", "final_norm")}
         self.w["wq"] = self.wqkv[:, :, :q_dim]                   # views, for reading only
@@ -147,22 +160,41 @@ class LlamaModel:
         # multiplies by a transposed matrix without copying it).
         self.w["lm_head"] = (self.w["embed"].T if cfg.tie_word_embeddings
                              else np.ascontiguousarray(f32["lm_head"]))
-        self._q_dim, self._kv_dim, self._inter = q_dim, kv_dim, inter
-        # RoPE frequencies, one per pair of dims: theta^(-2i/D), i < D/2.
-        half = cfg.head_dim // 2
-        self._inv_freq = cfg.rope_theta ** (-np.arange(half, dtype=np.float64) / half)  # [D/2]
+
+    def _init_quantized(self, shapes, weights):
+        """QuantMatrix weights (:mod:`paged_np.models.quantized`): fused per layer; the
+        separate ``wq`` ... ``w_up`` are not kept (the fused ones hold the same blocks)."""
+        check_quantized(shapes, weights)
+        self.wqkv = fuse(weights["wq"], weights["wk"], weights["wv"])   # L x [H, q+2kv]
+        self.w_gate_up = fuse(weights["w_gate"], weights["w_up"])       # L x [H, 2I]
+        self.w = {name: weights[name] for name in ("embed", "wo", "w_down")}
+        for name in ("attn_norm", "mlp_norm", "final_norm"):
+            self.w[name] = np.ascontiguousarray(weights[name], dtype=np.float32)
+        # The embedding QuantMatrix is [H, V] read as a matrix: the tied LM head itself.
+        self.w["lm_head"] = weights["embed" if self.cfg.tie_word_embeddings else "lm_head"]
 
     # ------------------------------------------------------------ weights I/O
+    def _matrices(self) -> dict:
+        """Every distinct weight array or QuantMatrix, by name (the tied head once)."""
+        tied = self.cfg.tie_word_embeddings
+        if not self.quantized:
+            return {k: a for k, a in self.w.items() if not (k == "lm_head" and tied)}
+        mats = {k: a for k, a in self.w.items() if not (k == "lm_head" and tied)}
+        mats.update(wqkv=self.wqkv, w_gate_up=self.w_gate_up)
+        return mats
+
     @property
     def num_parameters(self) -> int:
         """Parameters (the tied LM head counted once)."""
-        return sum(a.size for k, a in self.w.items()
-                   if not (k == "lm_head" and self.cfg.tie_word_embeddings))
+        return sum(sum(m.size for m in a) if isinstance(a, list) else a.size
+                   for a in self._matrices().values())
 
     @property
     def nbytes(self) -> int:
-        """Bytes of weight memory this model holds."""
-        return 4 * self.num_parameters
+        """Bytes of weight memory this model holds (quantized blocks and scales, or float32)."""
+        if not self.quantized:
+            return 4 * self.num_parameters
+        return weight_bytes(self._matrices(), tied=False)
 
     @classmethod
     def random(cls, cfg: ModelConfig, seed: int = 0) -> LlamaModel:
@@ -188,7 +220,10 @@ class LlamaModel:
         return cls(cfg, weights)
 
     def save(self, path) -> None:
-        """Write the weights and the config to one ``.npz`` file."""
+        """Write the weights and the config to one ``.npz`` file (float32 models only)."""
+        if self.quantized:
+            raise InvalidArgument("save: this model holds quantized weights; load it with "
+                                  "quantization=None to save float32 weights")
         names = weight_shapes(self.cfg)
         np.savez(path, __config__=np.array(json.dumps(asdict(self.cfg))),
                  **{k: self.w[k] for k in names})
@@ -243,7 +278,7 @@ class LlamaModel:
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final norm and LM head: [S, H] -> float32 [S, vocab]."""
         h = rms_norm(x, self.w["final_norm"], self.cfg.rms_norm_eps)  # [S, H]
-        if self.cfg.tie_word_embeddings:
+        if self.cfg.tie_word_embeddings and not self.quantized:
             # embed [V, H] is row-major: embed @ h.T streams it row by row, which BLAS
             # does 1.5x faster than h @ embed.T (measured at batch 1, 113 MiB).
             return np.ascontiguousarray((self.w["embed"] @ h.T).T)  # [S, V]
