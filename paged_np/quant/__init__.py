@@ -11,8 +11,16 @@ Why: decode reads every weight once per token, so its speed is bytes per
 token. SmolLM2-135M is 513 MiB as float32 and 96 MB in its Q4_1 file.
 """
 
-from .blocks import (BLOCK, FLOAT_FORMATS, FORMATS, QUANT_FORMATS, dequantize_blocks,
-                     dequantize_raw, parse_blocks, quantize_q8_0)
+from .blocks import (
+                     BLOCK,
+                     FLOAT_FORMATS,
+                     FORMATS,
+                     QUANT_FORMATS,
+                     dequantize_blocks,
+                     dequantize_raw,
+                     parse_blocks,
+                     quantize_q8_0,
+)
 from .matrix import FEW_ROWS, QuantMatrix
 
 __all__ = ["BLOCK", "FEW_ROWS", "FLOAT_FORMATS", "FORMATS", "QUANT_FORMATS", "QuantMatrix",

@@ -160,7 +160,7 @@ def q8_rows(qs, d, x, y):
 
 @njit(parallel=True, **JIT_OPTIONS)
 def q4_panel(qs, d, m, g0, g1, out):
-    """Dequantize row groups ``[g0, g1)`` into ``out`` float32 [K, (g1-g0)*LANES] (``[in, out]``)."""
+    """Dequantize row groups ``[g0, g1)`` into ``out`` float32 [K, (g1-g0)*LANES], [in, out]."""
     nb, R = qs.shape[1], qs.shape[3]
     for g in prange(g0, g1):
         c = (g - g0) * R
