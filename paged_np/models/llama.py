@@ -56,6 +56,7 @@ from ..attention.reference import dense_attention
 from ..checks import as_token_ids, check_positive_int
 from ..config import ModelConfig
 from ..errors import DTypeError, InvalidArgument, ShapeError
+from . import fused
 from .quantized import check_quantized, fuse, is_quantized, weight_bytes
 
 # Weight names, their shapes as functions of the config, and whether they are
@@ -251,14 +252,11 @@ class LlamaModel:
         forward computes it once per step.
         """
         cfg, w = self.cfg, self.w
-        T, qd, kd = x.shape[0], self._q_dim, self._kv_dim
-        h = rms_norm(x, w["attn_norm"][layer], cfg.rms_norm_eps)  # [T, H]
+        h = fused.rms_norm(x, w["attn_norm"][layer], cfg.rms_norm_eps)  # [T, H]
         qkv = h @ self.wqkv[layer]                               # [T, q+2kv], one product
-        q = qkv[:, :qd].reshape(T, cfg.num_heads, cfg.head_dim)           # [T, Hq, D]
-        k = qkv[:, qd:qd + kd].reshape(T, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
-        v = qkv[:, qd + kd:].reshape(T, cfg.num_kv_heads, cfg.head_dim)    # [T, Hkv, D]
         cos, sin = rope                                          # [T, D/2] each
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        # q [T, Hq, D] and k [T, Hkv, D] rotated (apply_rope's arithmetic, one call), v a view.
+        return fused.rope_qk(qkv, cos, sin, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
 
     def rope(self, positions: np.ndarray):
         """cos and sin of each position's angles, float32 ``[T, D/2]``."""
@@ -270,14 +268,14 @@ class LlamaModel:
         cfg, w = self.cfg, self.w
         T = x.shape[0]
         x = x + attn.reshape(T, -1) @ w["wo"][layer]             # [T, H]
-        h = rms_norm(x, w["mlp_norm"][layer], cfg.rms_norm_eps)  # [T, H]
+        h = fused.rms_norm(x, w["mlp_norm"][layer], cfg.rms_norm_eps)  # [T, H]
         gate_up = h @ self.w_gate_up[layer]                      # [T, 2I], one product
-        gate, up = gate_up[:, :self._inter], gate_up[:, self._inter:]  # [T, I] each
-        return x + (silu(gate) * up) @ w["w_down"][layer]        # [T, H]
+        # silu(gate) * up, gate and up the two halves of gate_up: [T, I], one call.
+        return x + fused.silu_mul(gate_up, self._inter) @ w["w_down"][layer]  # [T, H]
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final norm and LM head: [S, H] -> float32 [S, vocab]."""
-        h = rms_norm(x, self.w["final_norm"], self.cfg.rms_norm_eps)  # [S, H]
+        h = fused.rms_norm(x, self.w["final_norm"], self.cfg.rms_norm_eps)  # [S, H]
         if self.cfg.tie_word_embeddings and not self.quantized:
             # embed [V, H] is row-major: embed @ h.T streams it row by row, which BLAS
             # does 1.5x faster than h @ embed.T (measured at batch 1, 113 MiB).
