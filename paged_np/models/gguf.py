@@ -32,9 +32,10 @@ projection are never rotated, so the converter leaves them alone (and a
 consistent reordering of Q and K together would not change ``q . k`` anyway;
 this one is not consistent with rotate-half).
 
-Compared with llama.cpp and vLLM: quantized weights are dequantized to
-float32 once, on load (a 135M model is 513 MiB that way), instead of being
-multiplied in their quantized form.
+Quantized tensors are either dequantized to float32 on load
+(``quantization=None``: a 135M model is 513 MiB that way) or, by default,
+kept as the file's blocks (:func:`_read_quantized`, 106 MiB) for
+:mod:`paged_np.quant`'s kernels, as llama.cpp multiplies them.
 """
 
 from __future__ import annotations

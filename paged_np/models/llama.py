@@ -30,8 +30,11 @@ float32 rounding does not flip an argmax).
 
 The same class runs a real checkpoint: :func:`paged_np.load_model` reads
 SmolLM2-135M-Instruct (GGUF or a Hugging Face directory) into a
-:class:`~paged_np.ModelConfig` and a dict of float32 arrays, and the model
-never knows where they came from.
+:class:`~paged_np.ModelConfig` and a dict of weights, and the model never
+knows where they came from. The weights are float32 arrays, or (a GGUF
+file's default, ``quantization="gguf"``) :class:`~paged_np.quant.QuantMatrix`
+objects holding the file's quantized blocks: ``x @ w`` reads the same either
+way, so every method below serves both (:mod:`paged_np.models.quantized`).
 
 Weights are stored the way a batch-1 decode wants to stream them: ``[in, out]``
 row-major float32, with q, k and v fused into one ``[H, q+2kv]`` matrix and
@@ -41,7 +44,8 @@ weights (``wq``, ``w_gate``, ...) as views into the fused arrays. With tied
 embeddings the LM head is a transposed *view* of the embedding (no copy).
 
 Compared with a real Llama server: no rope scaling, no bias terms, float32
-weights only (quantized checkpoints are dequantized on load).
+activations (quantized weights are multiplied block by block, never the
+activations quantized).
 """
 
 from __future__ import annotations
