@@ -77,7 +77,7 @@ def main(argv=None) -> int:
                     for m in mats:
                         xs[m.shape[0]] @ m
                     best[name] = min(best[name], time.perf_counter() - t0)
-            kernel = "matvec" if T == 1 else "rows" if T <= 16 else "panel + BLAS"
+            kernel = "rows" if T <= 16 else "panel + BLAS"
             q, f, r32 = best["quantized"], best["float32"], best["Q4_1 with 32 lanes"]
             lines.append(f"| {T} | {kernel} | {1e3 * q:.1f} | {1e3 * f:.1f} | {f / q:.2f}x | "
                          f"{1e3 * r32:.1f} | {nbytes['quantized'] / q / 1e9:.1f} |")

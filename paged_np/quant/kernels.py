@@ -22,10 +22,11 @@ the vectorisation: 2 GB/s instead of the memory's 10-20.)
 
 Kernels (all take checked, contiguous arrays; :mod:`.matrix` validates):
 
-- ``*_matvec``: one input row (decode at batch 1), parallel over row groups;
-- ``*_rows``: 2-16 input rows (a batch of decodes, a speculative verify step):
-  each block is dequantized once into 64 lanes and multiplied into every
-  input row, so the weights are read once per step whatever the row count;
+- ``*_rows``: 1-16 input rows (decode at batch 1, a batch of decodes, a
+  speculative verify step), parallel over row groups: a group's blocks are
+  read from memory once per call and from cache for the other rows (one
+  kernel for 1 and for 16 rows: a separate matrix-vector kernel measured no
+  faster, and each parallel kernel costs about 1.5 s of cold compile);
 - ``*_panel``: dequantize row groups into a float32 ``[in, rows]`` tile for
   BLAS (prefill and large batches, where the multiply is compute-bound);
 - ``*_embed``: dequantize whole rows (token embedding lookup).
@@ -64,58 +65,12 @@ def _block_sums(x):
 
 
 @njit(parallel=True, **JIT_OPTIONS)
-def q4_matvec(qs, d, m, x, y):
-    """Q4 ``[G*LANES, K]`` times ``x`` float32 [1, K] -> ``y`` float32 [1, G*LANES]."""
-    G, nb, _, R = qs.shape
-    xs = _block_sums(x)
-    for g in prange(G):
-        acc = np.zeros(R, np.float32)
-        s = np.empty(R, np.float32)
-        for b in range(nb):
-            s[:] = 0.0
-            base = b * 32
-            for j in range(16):
-                # byte = lo + 16 hi, so lo x_l + hi x_h = lo (x_l - x_h/16) + byte (x_h/16):
-                # one shift fewer per byte (measured 1.2-1.5x faster than the plain form).
-                xh = x[0, base + 16 + j] * np.float32(0.0625)
-                xl = x[0, base + j] - xh
-                row = qs[g, b, j]
-                for r in range(R):
-                    q = row[r]
-                    s[r] += np.float32(q & np.uint8(15)) * xl + np.float32(q) * xh
-            db, mb, xb = d[g, b], m[g, b], xs[0, b]
-            for r in range(R):
-                acc[r] += db[r] * s[r] + mb[r] * xb
-        y[0, g * R:(g + 1) * R] = acc
-
-
-@njit(parallel=True, **JIT_OPTIONS)
-def q8_matvec(qs, d, x, y):
-    """Q8 ``[G*LANES, K]`` times ``x`` float32 [1, K] -> ``y`` float32 [1, G*LANES]."""
-    G, nb, _, R = qs.shape
-    for g in prange(G):
-        acc = np.zeros(R, np.float32)
-        s = np.empty(R, np.float32)
-        for b in range(nb):
-            s[:] = 0.0
-            base = b * 32
-            for j in range(32):
-                xj = x[0, base + j]
-                row = qs[g, b, j]
-                for r in range(R):
-                    s[r] += np.float32(row[r]) * xj
-            db = d[g, b]
-            for r in range(R):
-                acc[r] += db[r] * s[r]
-        y[0, g * R:(g + 1) * R] = acc
-
-
-@njit(parallel=True, **JIT_OPTIONS)
 def q4_rows(qs, d, m, x, y):
-    """Q4 times ``x`` float32 [T, K] (T small) -> ``y`` [T, G*LANES].
+    """Q4 ``[G*LANES, K]`` times ``x`` float32 [T, K] (T = 1 to 16) -> ``y`` [T, G*LANES].
 
-    A group's blocks (``nb * 16 * 64`` bytes: 18 KiB for K = 576) are read from
-    memory once, by the first input row, and from L1/L2 by the others.
+    Parallel over row groups. A group's blocks (``nb * 16 * 64`` bytes: 18 KiB
+    for K = 576) are read from memory once, by the first input row, and from
+    L1/L2 by the others. At T = 1 this is the decode's matrix-vector product.
     """
     G, nb, _, R = qs.shape
     T = x.shape[0]
@@ -129,6 +84,8 @@ def q4_rows(qs, d, m, x, y):
                 s[:] = 0.0
                 base = b * 32
                 for j in range(16):
+                    # byte = lo + 16 hi, so lo x_l + hi x_h = lo (x_l - x_h/16) + byte x_h/16:
+                    # no shift (measured 1.2-1.5x faster than the plain form).
                     xh = x[t, base + 16 + j] * np.float32(0.0625)
                     xl = x[t, base + j] - xh
                     row = qs[g, b, j]
@@ -143,8 +100,8 @@ def q4_rows(qs, d, m, x, y):
 
 @njit(parallel=True, **JIT_OPTIONS)
 def q8_rows(qs, d, x, y):
-    """Q8 times ``x`` float32 [T, K] (T small) -> ``y`` [T, G*LANES]; a group's blocks
-    are read from memory once and from cache by the other rows."""
+    """Q8 times ``x`` float32 [T, K] (T = 1 to 16) -> ``y`` [T, G*LANES]; a group's
+    blocks are read from memory once and from cache by the other rows."""
     G, nb, _, R = qs.shape
     T = x.shape[0]
     for g in prange(G):

@@ -17,8 +17,8 @@ file), so the kernels do no float16 conversion.
 Which kernel runs depends on the number of input rows ``T``:
 
 ========  ===================================================================
-T = 1     ``matvec``: decode at batch 1; reads every block once
-2..16     ``rows``: each block dequantized once, used for all T rows
+1..16     ``rows``: decode (T = 1), batched decodes, a speculative verify
+          step; each block read from memory once, reused from cache
 > 16      ``panel``: dequantize a ~8 MiB float32 tile ``[in, cols]``, then BLAS
 ========  ===================================================================
 
@@ -173,12 +173,10 @@ class QuantMatrix:
             return self._panel_matmul(x)
         y = np.empty((T, self.qs.shape[0] * K.LANES), np.float32)    # padded rows
         q4 = self.fmt != "Q8_0"
-        if T == 1:
-            (K.q4_matvec(self.qs, self.d, self.m, x, y) if q4 else
-             K.q8_matvec(self.qs, self.d, x, y))
+        if q4:
+            K.q4_rows(self.qs, self.d, self.m, x, y)
         else:
-            (K.q4_rows(self.qs, self.d, self.m, x, y) if q4 else
-             K.q8_rows(self.qs, self.d, x, y))
+            K.q8_rows(self.qs, self.d, x, y)
         return y if y.shape[1] == out else np.ascontiguousarray(y[:, :out])
 
     def _panel_matmul(self, x: np.ndarray) -> np.ndarray:
