@@ -44,8 +44,8 @@ from numba import njit, prange
 from ..config import JIT_OPTIONS
 
 #: Output rows per group: the inner loop's length. LLVM vectorises it 16 float32 lanes
-#: wide, 4 vectors per iteration (64 rows); with 32 rows the loop ran in its slower
-#: remainder code (measured 1.6-2.8x slower on the 2-core AVX-512 machine).
+#: wide, 4 vectors per iteration (64 rows); 32 rows measured 1.05-1.9x slower
+#: (``benchmarks/quant_kernels.md``).
 LANES = 64
 
 
