@@ -44,7 +44,7 @@ from numba import njit, prange
 from ..config import JIT_OPTIONS
 
 #: Output rows per group: the inner loop's length. LLVM vectorises it 16 float32 lanes
-#: wide, 4 vectors per iteration (64 rows); 32 rows measured 1.05-1.9x slower
+#: wide, 4 vectors per iteration (64 rows); 32 rows measured 1.2-1.9x slower
 #: (``benchmarks/quant_kernels.md``).
 LANES = 64
 
