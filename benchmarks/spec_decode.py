@@ -284,16 +284,19 @@ def forward_ms(model, ks=(0, 2, 4, 6, 8), context: int = 300, repeat: int = 20) 
 def products_ms(model, rows: int, repeat: int = 5) -> float:
     """Best ms of the forward's weight products alone with ``rows`` rows: every layer's
     ``x @ W`` (fused q/k/v, output, fused gate/up, down) and the tied LM head."""
-    mats = [model.wqkv, model.w["wo"], model.w_gate_up, model.w["w_down"]]  # [L, in, out]
-    xs = [np.ones((rows, m.shape[1]), np.float32) for m in mats]
+    mats = [model.wqkv, model.w["wo"], model.w_gate_up, model.w["w_down"]]  # L x [in, out]
+    xs = [np.ones((rows, m[0].shape[0]), np.float32) for m in mats]
     h = np.ones((rows, model.cfg.hidden_size), np.float32)
     head = model.w["embed"] if model.cfg.tie_word_embeddings else model.w["lm_head"].T
 
     def run():
         for m, x in zip(mats, xs):
-            for layer in range(m.shape[0]):
+            for layer in range(len(m)):
                 x @ m[layer]                                          # [rows, out]
-        head @ h.T                                                    # [V, rows]
+        if model.quantized:
+            h @ model.w["lm_head"]                                    # [rows, V], Q8_0 kernel
+        else:
+            head @ h.T                                                # [V, rows]
 
     best = float("inf")
     for _ in range(repeat):

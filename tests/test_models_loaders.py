@@ -41,14 +41,27 @@ def test_unpermute_inverts_the_converters_permutation():
 def test_gguf_loads_back_to_identical_logits(tmp_path, tok, model, type_name):
     path = tmp_path / "tiny.gguf"
     write_gguf(path, model, tok, type_name)
-    loaded, tokenizer = pnp.load_model(path)
-    assert loaded.cfg == model.cfg
+    loaded, tokenizer = pnp.load_model(path, quantization=None)
+    assert loaded.cfg == model.cfg and not loaded.quantized
     # The file holds quantized weights: the reference is the model after the same
     # quantize + dequantize (for F32 that is the model itself).
     ref = quantized_reference(model, type_name)
     np.testing.assert_array_equal(loaded.dense_logits(IDS), ref.dense_logits(IDS))
     if type_name == "F32":
         np.testing.assert_array_equal(loaded.dense_logits(IDS), model.dense_logits(IDS))
+
+
+@pytest.mark.parametrize("type_name", SUPPORTED_TYPES)
+def test_gguf_kept_quantized_gives_the_same_logits(tmp_path, tok, model, type_name):
+    # quantization="gguf" (the default) multiplies the file's blocks: the same weights
+    # as the dequantized reference, summed in another order.
+    write_gguf(tmp_path / "tiny.gguf", model, tok, type_name)
+    loaded, _ = pnp.load_model(tmp_path / "tiny.gguf")
+    assert loaded.quantized
+    ref = quantized_reference(model, type_name).dense_logits(IDS)      # [L, V]
+    got = loaded.dense_logits(IDS)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+    np.testing.assert_array_equal(got.argmax(-1), ref.argmax(-1))
 
 
 def test_gguf_untied_head_and_config(tmp_path, tok):

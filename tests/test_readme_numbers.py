@@ -79,3 +79,25 @@ def test_readme_prefill_and_jit_lines_match_results_md():
         for pattern in (r"^Causal prefill, .*$", r"^JIT: .*$"):
             line = re.search(pattern, results[isa], re.M).group(0)
             assert line in flat, f"README {isa} lacks the line of results.md: {line!r}"
+
+
+def test_readme_quantized_weights_table_matches_model_quant_md():
+    # The README's "### Quantized weights" table copies rows of benchmarks/model_quant.md
+    # (written by `python -m paged_np bench --model smollm2-135m-instruct`).
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### Quantized weights"):]
+    section = section[:section.index("\n### ", 1)]
+    theirs = {r["weights"]: r for r in _table((ROOT / "benchmarks/model_quant.md").read_text(),
+                                              "weights")}
+    rows = _table(section, "weights")
+    assert rows, "README's quantized-weights section has no table"
+    for row in rows:
+        assert row["weights"] in theirs, f"README row {row['weights']!r} not in model_quant.md"
+        for col, value in row.items():
+            assert value == theirs[row["weights"]][col], (
+                f"README {row['weights']} {col}={value!r} but benchmarks/model_quant.md says "
+                f"{theirs[row['weights']][col]!r}")
+    flat = " ".join(section.split())
+    for line in re.findall(r"^(?:Quantized weight-streaming bound|Decode, ).*$",
+                           (ROOT / "benchmarks/model_quant.md").read_text(), re.M):
+        assert line in flat, f"README lacks the line of model_quant.md: {line!r}"

@@ -108,6 +108,11 @@ def hf_peer(model):
         return None
     from ..models.hf import save_hf
 
+    if getattr(model, "quantized", False):
+        from ..errors import InvalidArgument
+
+        raise InvalidArgument("hf_peer: pass the float32 model (load_model(..., "
+                              "quantization=None)); transformers reads float32 weights")
     with tempfile.TemporaryDirectory() as tmp:
         save_hf(tmp, model.cfg, model.w)
         return LlamaForCausalLM.from_pretrained(tmp, torch_dtype=torch.float32,
@@ -231,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-peer", action="store_true", help="skip transformers")
     ap.add_argument("--out", default=None, help="folder for model_decode.md")
     args = ap.parse_args(argv)
-    model, _ = load_model(args.model)
+    model, _ = load_model(args.model, quantization=None)         # the float32 path
     rows = []
     for t in args.threads:
         r = measure_decode(model, threads=t, rounds=args.rounds, peer=not args.no_peer)

@@ -1,11 +1,13 @@
 """``python -m paged_np bench --model NAME``: a real model's decode speed and serving throughput.
 
-Two measurements, one table (``benchmarks/model.md`` with ``--out benchmarks``):
+Two measurements, two tables (``benchmarks/model_quant.md`` and
+``benchmarks/model.md`` with ``--out benchmarks``):
 
-1. **batch-1 decode**: tokens/s and its fraction of the weight-streaming
-   bound, from :func:`paged_np.cli.bench_model.measure_decode` (each token
-   reads every weight once; the bound is the read bandwidth measured in the
-   same run divided by the weight bytes), against transformers;
+1. **batch-1 decode and prefill**: :func:`paged_np.cli.bench_quant.measure`:
+   the GGUF file's quantized weights, the same model dequantized to float32,
+   llama.cpp on the same file and transformers, alternating, with the
+   quantized weight-streaming bound (file bytes per token over the read
+   bandwidth measured in the same run);
 2. **serving**: ``--requests`` chat requests (default 64) sharing one system
    prompt, with varied questions and varied ``max_tokens``, served by
    :class:`paged_np.LLM` (continuous batching, prefix cache), against
@@ -15,8 +17,10 @@ Two measurements, one table (``benchmarks/model.md`` with ``--out benchmarks``):
    they generate the same number of tokens; throughput counts the requested
    tokens only.
 
-Both run float32 on the same pinned thread count. transformers builds the
-model from the very same weights (written as a Hugging Face directory).
+paged_np serves twice, on the quantized weights (the default for a
+``.gguf`` file) and on float32 ones; all run on the same pinned thread count.
+transformers builds the model from the very same float32 weights (written as
+a Hugging Face directory).
 """
 
 from __future__ import annotations
@@ -88,7 +92,8 @@ def main(argv: list[str]) -> int:
     from ..engine.llm import LLM
     from ..models import load_model
     from ..models.blas import pinned_threads
-    from .bench_model import hf_peer, measure_decode
+    from .bench_model import hf_peer
+    from .bench_quant import measure, write_table
 
     ap = argparse.ArgumentParser(prog="python -m paged_np bench --model NAME",
                                  description=__doc__.split("\n")[0])
@@ -104,44 +109,51 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", default=None, help="folder for model.md (e.g. benchmarks)")
     args = ap.parse_args(argv)
 
-    model, tok = load_model(args.model)
-    rows = [f"# {args.model}: decode and serving", "",
-            f"`python -m paged_np bench {' '.join(argv)}`, {args.threads} thread(s), float32.", ""]
     if not args.skip_decode:
-        d = measure_decode(model, threads=args.threads, peer=not args.no_peer)
-        rows += ["| batch-1 decode | tokens/s | fraction of bound |", "|---|---|---|",
-                 f"| paged_np | {d['tokens_per_s']:.1f} | {d['fraction_of_bound']:.0%} of "
-                 f"{d['bound_tokens_per_s']:.1f} ({d['bandwidth_gbs']:.1f} GB/s) |"]
-        if "transformers_tokens_per_s" in d:
-            rows.append(f"| transformers | {d['transformers_tokens_per_s']:.1f} | |")
-        rows.append("")
+        res = measure(args.model, threads=args.threads, peers=not args.no_peer)
+        print(write_table(res), flush=True)
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / "model_quant.md").write_text(write_table(res))
+    quant, tok = load_model(args.model)
+    f32, _ = load_model(args.model, quantization=None)
+    rows = [f"# {args.model}: serving", "",
+            f"`python -m paged_np bench {' '.join(argv)}`, {args.threads} thread(s).", ""]
     work = make_workload(tok, args.requests)
     tokens = sum(m for _, m in work)
-    llm = LLM(model, tokenizer=tok, kv_cache_memory=args.kv_cache_memory,
-              max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=512)
+    llms = {name: LLM(model, tokenizer=tok, kv_cache_memory=args.kv_cache_memory,
+                      max_num_seqs=args.max_num_seqs, max_num_batched_tokens=512,
+                      verbose=False)
+            for name, model in (("quantized (Q4_1/Q8_0)", quant), ("float32", f32))}
+    ours = {}
     with pinned_threads(args.threads):
-        llm.generate(work[0][0], None)                            # compile the kernels
-        ours = serve_paged(llm, work)
+        for name, llm in llms.items():
+            llm.generate(work[0][0], None)                        # compile the kernels
+            ours[name] = serve_paged(llm, work)
         theirs = None
         if not args.no_peer:
             import torch
 
             torch.set_num_threads(args.threads)
-            hf = hf_peer(model)
+            hf = hf_peer(f32)
             theirs = serve_transformers(hf, work, args.batch, tok.eos_token_id)
-    m = llm.engine.metrics
     rows += [f"| serving {len(work)} requests ({tokens} tokens) | seconds | tokens/s |",
-             "|---|---|---|",
-             f"| paged_np LLM (continuous batching, max_num_seqs {args.max_num_seqs}) | "
-             f"{ours:.1f} | {tokens / ours:.1f} |"]
+             "|---|---|---|"]
+    for name, t in ours.items():
+        rows.append(f"| paged_np LLM, {name} (continuous batching, max_num_seqs "
+                    f"{args.max_num_seqs}) | {t:.1f} | {tokens / t:.1f} |")
+    q, f = ours["quantized (Q4_1/Q8_0)"], ours["float32"]
     if theirs is not None:
         rows += [f"| transformers generate, static batches of {args.batch} | {theirs:.1f} | "
                  f"{tokens / theirs:.1f} |", "",
-                 f"paged_np / transformers: {theirs / ours:.2f}x"]
-    rows += ["", f"paged_np time split: model {m['model_s']:.1f} s, schedule "
-                 f"{m['schedule_s']:.1f} s, sample {m['sample_s']:.1f} s; prefix hit rate "
-                 f"{m['prefix_hit_rate']:.0%}; preemptions {m['preemptions']}"]
+                 f"paged_np quantized / transformers: {theirs / q:.2f}x; float32 / "
+                 f"transformers: {theirs / f:.2f}x"]
+    rows.append(f"paged_np quantized / float32: {f / q:.2f}x")
+    for name, llm in llms.items():
+        m = llm.engine.metrics
+        rows += ["", f"paged_np {name} time split: model {m['model_s']:.1f} s, schedule "
+                     f"{m['schedule_s']:.1f} s, sample {m['sample_s']:.1f} s; prefix hit rate "
+                     f"{m['prefix_hit_rate']:.0%}; preemptions {m['preemptions']}"]
     table = "\n".join(rows) + "\n"
     print(table)
     if args.out:

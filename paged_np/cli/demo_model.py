@@ -133,7 +133,8 @@ def run(args) -> int:
         return 1
     t_loaded = time.perf_counter()
     print(f"loaded {llm.model_name} in {t_loaded - t_start:.1f} s "
-          f"({llm.model.nbytes / 2**20:.0f} MiB of float32 weights)")
+          f"({llm.model.nbytes / 2**20:.0f} MiB of "
+          f"{'quantized' if llm.model.quantized else 'float32'} weights)")
     compile_s = warm_up(llm.model, args.page_size, args.backend, args.kv_cache_dtype)
     pages = llm.engine.cache.cfg.num_pages
     print(f"JIT compile + first calls (warm-up, kept out of tokens/s): {compile_s:.2f} s")

@@ -104,6 +104,10 @@ class LLM:
     seed : default seed for sampling params that have none (reproducible runs).
     verbose : print the arena's size.
     config : an :class:`~paged_np.config.EngineConfig`, optional.
+    quantization : how a loaded checkpoint's weights are held: ``"gguf"`` (default:
+        a ``.gguf`` file's quantized blocks, multiplied by :mod:`paged_np.quant`),
+        ``None`` (float32) or ``"q8_0"`` (quantize on load); see
+        :func:`paged_np.load_model`. Ignored for a model object.
     **options : any engine option, by its EngineConfig field name:
         ``kv_cache_memory`` (bytes, an int or ``"256MiB"``, the default) or
         ``num_pages``, ``page_size``, ``max_num_seqs`` (default 16 here),
@@ -115,8 +119,11 @@ class LLM:
     """
 
     def __init__(self, model, *, tokenizer=None, seed: int | None = 0, verbose: bool = True,
-                 config: EngineConfig | None = None, **options):
+                 config: EngineConfig | None = None, quantization="gguf", **options):
         from ..models import LlamaModel, Tokenizer, load_model
+        from ..models.quantized import check_quantization
+
+        check_quantization(quantization)
 
         if options.get("kv_cache_memory") is not None and options.get("num_pages") is not None:
             raise InvalidArgument("give kv_cache_memory or num_pages, not both")
@@ -135,7 +142,7 @@ class LLM:
             self.model_name = type(model).__name__
         elif isinstance(model, (str, Path)):
             self.model_name = str(model)
-            model, own_tokenizer = load_model(model)
+            model, own_tokenizer = load_model(model, quantization=quantization)
             tokenizer = tokenizer or own_tokenizer
         else:
             raise DTypeError(f"model must be a name, a path or a LlamaModel, got "

@@ -21,16 +21,25 @@ import numpy as np
 from ..errors import DTypeError, ModelLoadError
 from ..registry import model_class
 from .llama import ForwardBatch, LlamaModel
+from .quantized import QUANTIZATIONS, check_quantization, quantize_weights
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 
-def load_model(name_or_path, dtype=np.float32) -> tuple[LlamaModel, Tokenizer]:
+def load_model(name_or_path, dtype=np.float32,
+               quantization="gguf") -> tuple[LlamaModel, Tokenizer]:
     """Load a Llama checkpoint: ``(model, tokenizer)``.
 
     ``name_or_path`` is a known name (``"smollm2-135m-instruct"``, fetched into
     ``PAGED_NP_HOME`` on first use), a ``.gguf`` file, or a Hugging Face model
     directory (``config.json``, ``*.safetensors``, ``tokenizer.json``).
-    Weights are dequantized to float32 (``dtype`` must be float32).
+    ``quantization`` says how the weights are held (compute is float32 either way,
+    ``dtype`` must be float32):
+
+    - ``"gguf"`` (default): a ``.gguf`` file's quantized tensors stay as the file's
+      blocks (Q8_0, Q4_0, Q4_1) and are multiplied by :mod:`paged_np.quant`'s
+      kernels; a Hugging Face directory (no blocks) loads as float32;
+    - ``None``: dequantize everything to float32 (BLAS), as before;
+    - ``"q8_0"``: quantize float weights to Q8_0 on load (llama.cpp's rule).
 
     Example (downloads 98 MB on first use)::
 
@@ -46,6 +55,7 @@ def load_model(name_or_path, dtype=np.float32) -> tuple[LlamaModel, Tokenizer]:
         raise DTypeError(f"name_or_path must be a str or a Path, got "
                          f"{type(name_or_path).__name__}")
     check_dtype(dtype)
+    check_quantization(quantization)
     if isinstance(name_or_path, str) and name_or_path.lower() in KNOWN_MODELS:
         path = fetch_model(name_or_path)
     else:
@@ -53,13 +63,16 @@ def load_model(name_or_path, dtype=np.float32) -> tuple[LlamaModel, Tokenizer]:
     if path.is_dir():
         cfg, weights, tokenizer = load_hf(path)
     elif path.is_file() and path.suffix == ".gguf":
-        cfg, weights, tokenizer = load_gguf(path)
+        cfg, weights, tokenizer = load_gguf(
+            path, quantization="gguf" if quantization == "gguf" else None)
     elif path.is_file():
         raise ModelLoadError(f"{path}: not a .gguf file; pass a .gguf file or a Hugging Face "
                              "model directory")
     else:
         raise ModelLoadError(f"{name_or_path!r}: no such file or directory, and not a known "
                              f"model name (known: {', '.join(KNOWN_MODELS)})")
+    if quantization == "q8_0":
+        weights = quantize_weights(weights)
     model = model_class(cfg.architecture)(cfg, weights)           # the registry's table
     del weights                                                  # the model holds its own copy
     _return_freed_memory()
@@ -79,5 +92,5 @@ def _return_freed_memory() -> None:
         pass
 
 
-__all__ = ["ForwardBatch", "LlamaModel", "Tokenizer", "IncrementalDetokenizer",
-           "load_model"]
+__all__ = ["ForwardBatch", "LlamaModel", "QUANTIZATIONS", "Tokenizer",
+           "IncrementalDetokenizer", "load_model"]

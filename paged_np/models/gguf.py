@@ -32,9 +32,10 @@ projection are never rotated, so the converter leaves them alone (and a
 consistent reordering of Q and K together would not change ``q . k`` anyway;
 this one is not consistent with rotate-half).
 
-Compared with llama.cpp and vLLM: quantized weights are dequantized to
-float32 once, on load (a 135M model is 513 MiB that way), instead of being
-multiplied in their quantized form.
+Quantized tensors are either dequantized to float32 on load
+(``quantization=None``: a 135M model is 513 MiB that way) or, by default,
+kept as the file's blocks (:func:`_read_quantized`, 106 MiB) for
+:mod:`paged_np.quant`'s kernels, as llama.cpp multiplies them.
 """
 
 from __future__ import annotations
@@ -187,8 +188,13 @@ def tokenizer_from_gguf(reader) -> Tokenizer:
 # ---------------------------------------------------------------------------
 # The loader.
 # ---------------------------------------------------------------------------
-def load_gguf(path) -> tuple[ModelConfig, dict, Tokenizer]:
+def load_gguf(path, quantization="gguf") -> tuple[ModelConfig, dict, Tokenizer]:
     """Read a Llama GGUF file: ``(config, {our_name: float32 array}, tokenizer)``.
+
+    With ``quantization="gguf"`` the projections and the embedding keep the
+    file's blocks instead, as :class:`~paged_np.quant.QuantMatrix` values
+    (the layout of :mod:`paged_np.models.quantized`); ``None`` dequantizes
+    everything to float32.
 
     Projections come out ``[in, out]`` and stacked over layers
     (``wq`` is ``[num_layers, hidden, heads * head_dim]``), Q and K rows in
@@ -209,7 +215,8 @@ def load_gguf(path) -> tuple[ModelConfig, dict, Tokenizer]:
         tensors = {t.name: t for t in reader.tensors}
         cfg = config_from_gguf(reader, set(tensors))
         tokenizer = tokenizer_from_gguf(reader)
-        weights = _read_weights(tensors, cfg)
+        weights = (_read_quantized(tensors, cfg) if quantization == "gguf"
+                   else _read_weights(tensors, cfg))
     finally:
         del reader, tensors                                      # drop the memory map
         gc.collect()
@@ -249,6 +256,51 @@ def _read_weights(tensors: dict, cfg: ModelConfig) -> dict:
         raise ModelLoadError(f"GGUF: missing tensors for {missing[:4]}"
                              f"{' ...' if len(missing) > 4 else ''}")
     return weights
+
+
+def _read_quantized(tensors: dict, cfg: ModelConfig) -> dict:
+    """The file's blocks as QuantMatrix values (norms float32); Q/K rows unpermuted."""
+    from ..quant import QUANT_FORMATS, QuantMatrix, parse_blocks
+    from .llama import weight_shapes
+
+    shapes = weight_shapes(cfg)
+    seen = set()
+    out: dict = {n: [None] * cfg.num_layers for n in shapes if n.startswith("w")}
+    out.update({n: np.zeros(shapes[n], np.float32) for n in ("attn_norm", "mlp_norm")})
+    for gname, t in tensors.items():
+        m = _LAYER.match(gname)
+        layer, key = (int(m.group(1)), m.group(2)) if m else (None, gname)
+        ours = GGUF_NAMES.get(key)
+        if ours is None or ours not in shapes:
+            if key.startswith("rope_freqs") or key == "output.weight":
+                continue
+            raise ModelLoadError(f"{gname}: unexpected tensor for a Llama model")
+        fmt = t.tensor_type.name
+        if ours.endswith("norm"):
+            value = dequantize(t.data, fmt, gname)
+        else:
+            rows, cols = (int(n) for n in reversed(t.shape))    # ggml order -> [out, in]
+            heads = {"wq": cfg.num_heads, "wk": cfg.num_kv_heads}.get(ours)
+            if fmt in QUANT_FORMATS:
+                q, d, mn = parse_blocks(t.data, fmt, rows, cols)
+                if heads:                                        # the permutation trap, on rows
+                    q = unpermute_qk(q.reshape(rows, -1), heads).reshape(q.shape)
+                    d, mn = unpermute_qk(d, heads), unpermute_qk(mn, heads)
+                value = QuantMatrix.from_blocks(fmt, q, d, mn)   # [in, out] as a matrix
+            else:                                                # F32, F16, Q5_x: float32
+                w = dequantize(t.data, fmt, gname)
+                value = QuantMatrix.dense(to_in_out(unpermute_qk(w, heads) if heads else w))
+        if layer is None:
+            out[ours] = value
+        else:
+            out[ours][layer] = value
+            seen.add((ours, layer))
+    missing = [n for n in shapes if n not in out
+               or (n in ("attn_norm", "mlp_norm") or isinstance(out[n], list))
+               and len({i for o, i in seen if o == n}) != cfg.num_layers]
+    if missing:
+        raise ModelLoadError(f"GGUF: missing tensors for {missing[:4]}")
+    return out
 
 
 def check_dtype(dtype) -> None:

@@ -30,8 +30,11 @@ float32 rounding does not flip an argmax).
 
 The same class runs a real checkpoint: :func:`paged_np.load_model` reads
 SmolLM2-135M-Instruct (GGUF or a Hugging Face directory) into a
-:class:`~paged_np.ModelConfig` and a dict of float32 arrays, and the model
-never knows where they came from.
+:class:`~paged_np.ModelConfig` and a dict of weights, and the model never
+knows where they came from. The weights are float32 arrays, or (a GGUF
+file's default, ``quantization="gguf"``) :class:`~paged_np.quant.QuantMatrix`
+objects holding the file's quantized blocks: ``x @ w`` reads the same either
+way, so every method below serves both (:mod:`paged_np.models.quantized`).
 
 Weights are stored the way a batch-1 decode wants to stream them: ``[in, out]``
 row-major float32, with q, k and v fused into one ``[H, q+2kv]`` matrix and
@@ -41,7 +44,8 @@ weights (``wq``, ``w_gate``, ...) as views into the fused arrays. With tied
 embeddings the LM head is a transposed *view* of the embedding (no copy).
 
 Compared with a real Llama server: no rope scaling, no bias terms, float32
-weights only (quantized checkpoints are dequantized on load).
+activations (quantized weights are multiplied block by block, never the
+activations quantized).
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ from ..attention.reference import dense_attention
 from ..checks import as_token_ids, check_positive_int
 from ..config import ModelConfig
 from ..errors import DTypeError, InvalidArgument, ShapeError
+from . import fused
+from .quantized import check_quantized, fuse, is_quantized, weight_bytes
 
 # Weight names, their shapes as functions of the config, and whether they are
 # stacked over layers (a leading [num_layers] axis).
@@ -125,6 +131,21 @@ class LlamaModel:
         missing = sorted(set(shapes) - set(weights))
         if missing:
             raise InvalidArgument(f"weights: missing {missing}")
+        q_dim = cfg.num_heads * cfg.head_dim
+        kv_dim = cfg.num_kv_heads * cfg.head_dim
+        inter = cfg.intermediate_size
+        self.quantized = is_quantized(weights)
+        if self.quantized:
+            self._init_quantized(shapes, weights)
+        else:
+            self._init_float(shapes, weights, q_dim, kv_dim, inter)
+        self._q_dim, self._kv_dim, self._inter = q_dim, kv_dim, inter
+        # RoPE frequencies, one per pair of dims: theta^(-2i/D), i < D/2.
+        half = cfg.head_dim // 2
+        self._inv_freq = cfg.rope_theta ** (-np.arange(half, dtype=np.float64) / half)  # [D/2]
+
+    def _init_float(self, shapes, weights, q_dim, kv_dim, inter):
+        cfg = self.cfg
         for name, shape in shapes.items():
             if np.shape(weights[name]) != shape:
                 raise ShapeError(f"weights[{name!r}] must have shape {shape}, "
@@ -133,9 +154,6 @@ class LlamaModel:
         # Fused storage: one matrix-vector product per group instead of three (or two).
         self.wqkv = np.concatenate([f32["wq"], f32["wk"], f32["wv"]], axis=2)  # [L, H, q+2kv]
         self.w_gate_up = np.concatenate([f32["w_gate"], f32["w_up"]], axis=2)  # [L, H, 2I]
-        q_dim = cfg.num_heads * cfg.head_dim
-        kv_dim = cfg.num_kv_heads * cfg.head_dim
-        inter = cfg.intermediate_size
         self.w = {name: np.ascontiguousarray(f32[name]) for name in
                   ("embed", "attn_norm", "wo", "mlp_norm", "w_down", "final_norm")}
         self.w["wq"] = self.wqkv[:, :, :q_dim]                   # views, for reading only
@@ -147,22 +165,41 @@ class LlamaModel:
         # multiplies by a transposed matrix without copying it).
         self.w["lm_head"] = (self.w["embed"].T if cfg.tie_word_embeddings
                              else np.ascontiguousarray(f32["lm_head"]))
-        self._q_dim, self._kv_dim, self._inter = q_dim, kv_dim, inter
-        # RoPE frequencies, one per pair of dims: theta^(-2i/D), i < D/2.
-        half = cfg.head_dim // 2
-        self._inv_freq = cfg.rope_theta ** (-np.arange(half, dtype=np.float64) / half)  # [D/2]
+
+    def _init_quantized(self, shapes, weights):
+        """QuantMatrix weights (:mod:`paged_np.models.quantized`): fused per layer; the
+        separate ``wq`` ... ``w_up`` are not kept (the fused ones hold the same blocks)."""
+        check_quantized(shapes, weights)
+        self.wqkv = fuse(weights["wq"], weights["wk"], weights["wv"])   # L x [H, q+2kv]
+        self.w_gate_up = fuse(weights["w_gate"], weights["w_up"])       # L x [H, 2I]
+        self.w = {name: weights[name] for name in ("embed", "wo", "w_down")}
+        for name in ("attn_norm", "mlp_norm", "final_norm"):
+            self.w[name] = np.ascontiguousarray(weights[name], dtype=np.float32)
+        # The embedding QuantMatrix is [H, V] read as a matrix: the tied LM head itself.
+        self.w["lm_head"] = weights["embed" if self.cfg.tie_word_embeddings else "lm_head"]
 
     # ------------------------------------------------------------ weights I/O
+    def _matrices(self) -> dict:
+        """Every distinct weight array or QuantMatrix, by name (the tied head once)."""
+        tied = self.cfg.tie_word_embeddings
+        if not self.quantized:
+            return {k: a for k, a in self.w.items() if not (k == "lm_head" and tied)}
+        mats = {k: a for k, a in self.w.items() if not (k == "lm_head" and tied)}
+        mats.update(wqkv=self.wqkv, w_gate_up=self.w_gate_up)
+        return mats
+
     @property
     def num_parameters(self) -> int:
         """Parameters (the tied LM head counted once)."""
-        return sum(a.size for k, a in self.w.items()
-                   if not (k == "lm_head" and self.cfg.tie_word_embeddings))
+        return sum(sum(m.size for m in a) if isinstance(a, list) else a.size
+                   for a in self._matrices().values())
 
     @property
     def nbytes(self) -> int:
-        """Bytes of weight memory this model holds."""
-        return 4 * self.num_parameters
+        """Bytes of weight memory this model holds (quantized blocks and scales, or float32)."""
+        if not self.quantized:
+            return 4 * self.num_parameters
+        return weight_bytes(self._matrices(), tied=False)
 
     @classmethod
     def random(cls, cfg: ModelConfig, seed: int = 0) -> LlamaModel:
@@ -188,7 +225,10 @@ class LlamaModel:
         return cls(cfg, weights)
 
     def save(self, path) -> None:
-        """Write the weights and the config to one ``.npz`` file."""
+        """Write the weights and the config to one ``.npz`` file (float32 models only)."""
+        if self.quantized:
+            raise InvalidArgument("save: this model holds quantized weights; load it with "
+                                  "quantization=None to save float32 weights")
         names = weight_shapes(self.cfg)
         np.savez(path, __config__=np.array(json.dumps(asdict(self.cfg))),
                  **{k: self.w[k] for k in names})
@@ -216,14 +256,11 @@ class LlamaModel:
         forward computes it once per step.
         """
         cfg, w = self.cfg, self.w
-        T, qd, kd = x.shape[0], self._q_dim, self._kv_dim
-        h = rms_norm(x, w["attn_norm"][layer], cfg.rms_norm_eps)  # [T, H]
+        h = fused.rms_norm(x, w["attn_norm"][layer], cfg.rms_norm_eps)  # [T, H]
         qkv = h @ self.wqkv[layer]                               # [T, q+2kv], one product
-        q = qkv[:, :qd].reshape(T, cfg.num_heads, cfg.head_dim)           # [T, Hq, D]
-        k = qkv[:, qd:qd + kd].reshape(T, cfg.num_kv_heads, cfg.head_dim)  # [T, Hkv, D]
-        v = qkv[:, qd + kd:].reshape(T, cfg.num_kv_heads, cfg.head_dim)    # [T, Hkv, D]
         cos, sin = rope                                          # [T, D/2] each
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        # q [T, Hq, D] and k [T, Hkv, D] rotated (apply_rope's arithmetic, one call), v a view.
+        return fused.rope_qk(qkv, cos, sin, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
 
     def rope(self, positions: np.ndarray):
         """cos and sin of each position's angles, float32 ``[T, D/2]``."""
@@ -235,15 +272,15 @@ class LlamaModel:
         cfg, w = self.cfg, self.w
         T = x.shape[0]
         x = x + attn.reshape(T, -1) @ w["wo"][layer]             # [T, H]
-        h = rms_norm(x, w["mlp_norm"][layer], cfg.rms_norm_eps)  # [T, H]
+        h = fused.rms_norm(x, w["mlp_norm"][layer], cfg.rms_norm_eps)  # [T, H]
         gate_up = h @ self.w_gate_up[layer]                      # [T, 2I], one product
-        gate, up = gate_up[:, :self._inter], gate_up[:, self._inter:]  # [T, I] each
-        return x + (silu(gate) * up) @ w["w_down"][layer]        # [T, H]
+        # silu(gate) * up, gate and up the two halves of gate_up: [T, I], one call.
+        return x + fused.silu_mul(gate_up, self._inter) @ w["w_down"][layer]  # [T, H]
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final norm and LM head: [S, H] -> float32 [S, vocab]."""
-        h = rms_norm(x, self.w["final_norm"], self.cfg.rms_norm_eps)  # [S, H]
-        if self.cfg.tie_word_embeddings:
+        h = fused.rms_norm(x, self.w["final_norm"], self.cfg.rms_norm_eps)  # [S, H]
+        if self.cfg.tie_word_embeddings and not self.quantized:
             # embed [V, H] is row-major: embed @ h.T streams it row by row, which BLAS
             # does 1.5x faster than h @ embed.T (measured at batch 1, 113 MiB).
             return np.ascontiguousarray((self.w["embed"] @ h.T).T)  # [S, V]

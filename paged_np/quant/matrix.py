@@ -1,0 +1,223 @@
+"""QuantMatrix: one projection's weights kept as the GGUF file's blocks, multiplied in Numba.
+
+A :class:`QuantMatrix` stands where the float model has an ``[in, out]``
+float32 array ``w`` and is used the same way: ``y = x @ qm`` with ``x``
+float32 ``[T, in]`` gives ``[T, out]`` (NumPy hands ``@`` to
+:meth:`__rmatmul__` because ``__array_ufunc__`` is None). So the model's code
+does not change; only the bytes each token reads do (Q4_1: 0.75 bytes a
+weight in memory here, 4 as float32).
+
+It holds the weights in the repacked layout of :mod:`.kernels` (rows in
+groups of 64 lanes, each block's values side by side across the group),
+built once from the file's blocks; the row count is padded to a multiple of
+32 with zero rows that the result never shows. The scales are widened from
+float16 to float32 at load (Q4_1: 24 bytes per 32 weights here, 20 in the
+file), so the kernels do no float16 conversion.
+
+Which kernel runs depends on the number of input rows ``T``:
+
+========  ===================================================================
+1..16     ``rows``: decode (T = 1), batched decodes, a speculative verify
+          step; each block read from memory once, reused from cache
+> 16      ``panel``: dequantize a ~8 MiB float32 tile ``[in, cols]``, then BLAS
+========  ===================================================================
+
+``F32`` and ``F16`` tensors are held as a float32 ``[in, out]`` array and
+multiplied by BLAS (same interface).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import DTypeError, IndexOutOfRange, ShapeError
+from . import kernels as K
+from .blocks import BLOCK, FLOAT_FORMATS, QUANT_FORMATS, dequantize_blocks
+
+#: Largest input row count that uses the few-row kernel (above it: panel + BLAS).
+FEW_ROWS = 16
+#: Float32 bytes of one dequantized panel (fits in L2/L3 next to the activations).
+PANEL_BYTES = 8 << 20
+
+
+class QuantMatrix:
+    """An ``[in, out]`` weight kept quantized; ``x @ qm`` multiplies by it.
+
+    Build with :meth:`from_blocks` (the file's ``(q, d, m)``, rows = outputs),
+    :meth:`from_float` (quantize a float matrix on load) or :meth:`dense`
+    (F32/F16 kept as float32).
+    """
+
+    __array_ufunc__ = None                                       # ndarray @ qm -> __rmatmul__
+
+    def __init__(self, fmt: str, shape: tuple, qs=None, d=None, m=None, dense=None):
+        self.fmt, self.shape = fmt, (int(shape[0]), int(shape[1]))   # (in, out)
+        self.qs, self.d, self.m, self._dense = qs, d, m, dense
+
+    # ----------------------------------------------------------------- building
+    @classmethod
+    def from_blocks(cls, fmt: str, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> QuantMatrix:
+        """Repack ``q`` ``[out, nb, 32]``, ``d`` and ``m`` ``[out, nb]`` (from
+        :func:`~paged_np.quant.blocks.parse_blocks`) into the kernels' layout."""
+        if fmt not in QUANT_FORMATS:
+            raise DTypeError(f"fmt must be one of {tuple(QUANT_FORMATS)}, got {fmt!r}")
+        if q.ndim != 3 or q.shape[2] != BLOCK or d.shape != q.shape[:2] or m.shape != d.shape:
+            raise ShapeError(f"q must be [out, nb, {BLOCK}] and d, m [out, nb]; got "
+                             f"{q.shape}, {d.shape}, {m.shape}")
+        rows, nb = d.shape
+        R = K.LANES
+        G = -(-rows // R)
+        pad = G * R - rows                                       # zero rows, never shown
+        qp = np.pad(q, ((0, pad), (0, 0), (0, 0)))               # [G*R, nb, 32]
+        qp = qp.reshape(G, R, nb, BLOCK).transpose(0, 2, 3, 1)   # [G, nb, 32, R]: lanes = rows
+
+        def lanes(a):                                            # [rows, nb] -> [G, nb, R]
+            a = np.pad(a.astype(np.float32), ((0, pad), (0, 0)))
+            return np.ascontiguousarray(a.reshape(G, R, nb).transpose(0, 2, 1))
+
+        if fmt == "Q8_0":
+            qs = np.ascontiguousarray(qp, dtype=np.int8)
+            return cls(fmt, (nb * BLOCK, rows), qs=qs, d=lanes(d))
+        qs = np.ascontiguousarray((qp[:, :, :16] | (qp[:, :, 16:] << 4)).astype(np.uint8))
+        return cls(fmt, (nb * BLOCK, rows), qs=qs, d=lanes(d), m=lanes(m))
+
+    @classmethod
+    def from_float(cls, w_in_out: np.ndarray, fmt: str = "Q8_0") -> QuantMatrix:
+        """Quantize a float ``[in, out]`` matrix (``in`` a multiple of 32) to Q8_0 on load."""
+        from .blocks import quantize_q8_0
+
+        if fmt != "Q8_0":
+            raise DTypeError(f"fmt: only Q8_0 quantizes a float matrix here, got {fmt!r}")
+        w = np.asarray(w_in_out, dtype=np.float32)
+        if w.ndim != 2:
+            raise ShapeError(f"w_in_out must be 2-D [in, out], got shape {w.shape}")
+        return cls.from_blocks("Q8_0", *quantize_q8_0(w.T))
+
+    @classmethod
+    def dense(cls, w_in_out: np.ndarray, fmt: str = "F32") -> QuantMatrix:
+        """An F32/F16 tensor kept as float32 ``[in, out]`` (multiplied by BLAS)."""
+        if fmt not in FLOAT_FORMATS:
+            raise DTypeError(f"fmt must be one of {FLOAT_FORMATS}, got {fmt!r}")
+        w = np.ascontiguousarray(w_in_out, dtype=np.float32)
+        if w.ndim != 2:
+            raise ShapeError(f"w_in_out must be 2-D [in, out], got shape {w.shape}")
+        return cls(fmt, w.shape, dense=w)
+
+    def blocks(self):
+        """Back to the file's order: ``(q [out, nb, 32], d, m [out, nb])`` (quantized formats)."""
+        if self._dense is not None:
+            raise DTypeError(f"blocks: a {self.fmt} matrix has no quantized blocks")
+        G, nb, _, R = self.qs.shape
+        rows = self.shape[1]
+        if self.fmt == "Q8_0":
+            q = self.qs
+            m = np.zeros_like(self.d)
+        else:
+            q = np.concatenate([self.qs & 0x0F, self.qs >> 4], axis=2)   # [G, nb, 32, R]
+            m = self.m
+        q = q.transpose(0, 3, 1, 2).reshape(G * R, nb, BLOCK)[:rows]
+        d = self.d.transpose(0, 2, 1).reshape(G * R, nb)[:rows]
+        m = m.transpose(0, 2, 1).reshape(G * R, nb)[:rows]
+        return q, d, m
+
+    @staticmethod
+    def concat(parts) -> QuantMatrix:
+        """Fuse matrices that share ``in`` along ``out`` (q, k and v into one product).
+        Mixed formats fall back to float32 (no SmolLM2 file needs it)."""
+        fmts = {p.fmt for p in parts}
+        if len({p.shape[0] for p in parts}) != 1:
+            raise ShapeError(f"concat: inputs differ: {[p.shape for p in parts]}")
+        if len(fmts) == 1 and parts[0].fmt in QUANT_FORMATS:
+            q, d, m = zip(*(p.blocks() for p in parts))
+            return QuantMatrix.from_blocks(parts[0].fmt, np.concatenate(q), np.concatenate(d),
+                                           np.concatenate(m))
+        return QuantMatrix.dense(np.concatenate([p.dequantize() for p in parts], axis=1))
+
+    # --------------------------------------------------------------- reading
+    @property
+    def size(self) -> int:
+        """Number of weights (``in * out``)."""
+        return self.shape[0] * self.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held in memory (quantized values, scales, padding)."""
+        return sum(a.nbytes for a in (self.qs, self.d, self.m, self._dense) if a is not None)
+
+    def dequantize(self) -> np.ndarray:
+        """float32 ``[in, out]``: the reference every kernel is checked against."""
+        if self._dense is not None:
+            return self._dense
+        return np.ascontiguousarray(dequantize_blocks(*self.blocks()).T)
+
+    def __array__(self, dtype=None, copy=None):
+        w = self.dequantize()
+        return w if dtype is None else w.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"QuantMatrix({self.fmt}, in={self.shape[0]}, out={self.shape[1]})"
+
+    # --------------------------------------------------------------- multiply
+    def __rmatmul__(self, x) -> np.ndarray:
+        return self.matmul(x)
+
+    def matmul(self, x) -> np.ndarray:
+        """``x`` float32 ``[T, in]`` -> float32 ``[T, out]``, the kernel chosen by ``T``."""
+        x = _check_x(x, self.shape[0])
+        if self._dense is not None:
+            return x @ self._dense
+        T, out = x.shape[0], self.shape[1]
+        if T == 0:
+            return np.zeros((0, out), np.float32)
+        if T > FEW_ROWS:
+            return self._panel_matmul(x)
+        y = np.empty((T, self.qs.shape[0] * K.LANES), np.float32)    # padded rows
+        q4 = self.fmt != "Q8_0"
+        if q4:
+            K.q4_rows(self.qs, self.d, self.m, x, y)
+        else:
+            K.q8_rows(self.qs, self.d, x, y)
+        return y if y.shape[1] == out else np.ascontiguousarray(y[:, :out])
+
+    def _panel_matmul(self, x: np.ndarray) -> np.ndarray:
+        G = self.qs.shape[0]
+        cols = max(K.LANES, PANEL_BYTES // (4 * self.shape[0]) // K.LANES * K.LANES)
+        gp = cols // K.LANES                                     # row groups per panel
+        y = np.empty((x.shape[0], G * K.LANES), np.float32)
+        tile = np.empty((self.shape[0], min(G, gp) * K.LANES), np.float32)   # [in, cols]
+        for g0 in range(0, G, gp):
+            g1 = min(G, g0 + gp)
+            t = tile[:, :(g1 - g0) * K.LANES]
+            if self.fmt == "Q8_0":
+                K.q8_panel(self.qs, self.d, g0, g1, tile)
+            else:
+                K.q4_panel(self.qs, self.d, self.m, g0, g1, tile)
+            np.matmul(x, t, out=y[:, g0 * K.LANES:g1 * K.LANES])
+        out = self.shape[1]
+        return y if y.shape[1] == out else np.ascontiguousarray(y[:, :out])
+
+    def __getitem__(self, ids) -> np.ndarray:
+        """Embedding lookup: ``qm[ids]`` -> float32 ``[T, in]``, rows ``ids`` of the
+        ``[out, in]`` matrix (the tied embedding read as a table, no float32 copy)."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.shape[1]):
+            raise IndexOutOfRange(f"ids: row outside [0, {self.shape[1]})")
+        if self._dense is not None:
+            return self._dense.T[ids]
+        out = np.empty((ids.size, self.shape[0]), np.float32)
+        if self.fmt == "Q8_0":
+            K.q8_embed(self.qs, self.d, ids, out)
+        else:
+            K.q4_embed(self.qs, self.d, self.m, ids, out)
+        return out
+
+
+def _check_x(x, k: int) -> np.ndarray:
+    if not isinstance(x, np.ndarray):
+        raise DTypeError(f"x must be a numpy array, got {type(x).__name__}")
+    if x.dtype != np.float32:
+        raise DTypeError(f"x must be float32, got {x.dtype}")
+    if x.ndim != 2 or x.shape[1] != k:
+        raise ShapeError(f"x must be [T, {k}], got shape {x.shape}")
+    return np.ascontiguousarray(x)
+

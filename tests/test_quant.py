@@ -1,0 +1,149 @@
+"""paged_np.quant: every kernel against the NumPy reference, over formats and shapes.
+
+The reference chain: ``gguf.quants.quantize`` (llama.cpp's own Python) writes
+the file's bytes; ``gguf.quants.dequantize`` reads them back; our
+:func:`parse_blocks` + :func:`dequantize_blocks` must read the same floats,
+and every Numba kernel (matvec, few rows, panel + BLAS, embedding rows) must
+give ``x @ W`` of those floats within 1e-5 relative.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numba
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import paged_np as pnp
+from paged_np.quant import (
+    FEW_ROWS,
+    QUANT_FORMATS,
+    QuantMatrix,
+    dequantize_blocks,
+    dequantize_raw,
+    parse_blocks,
+    quantize_q8_0,
+)
+
+FORMATS = sorted(QUANT_FORMATS)
+
+
+def file_bytes(w: np.ndarray, fmt: str) -> np.ndarray:
+    """What a GGUF file holds for ``w`` [out, in] in ``fmt`` (llama.cpp's quantizer)."""
+    return gguf.quants.quantize(w, gguf.GGMLQuantizationType[fmt])
+
+
+def random_matrix(rng, rows, cols):
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    w[:, :32] *= 4.0                                             # blocks of different scales
+    return w
+
+
+def rel_err(a, b):
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_parse_blocks_reads_what_gguf_dequantizes(fmt):
+    w = random_matrix(np.random.default_rng(1), 7, 96)
+    raw = file_bytes(w, fmt)
+    expect = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[fmt])   # [7, 96]
+    np.testing.assert_array_equal(dequantize_raw(raw, fmt, 7, 96), expect)
+    assert np.abs(expect - w).max() < np.abs(w).max() / (6 if fmt != "Q8_0" else 100)
+
+
+def test_quantize_q8_0_is_llama_cpps_rule():
+    w = random_matrix(np.random.default_rng(2), 5, 64)
+    q, d, m = quantize_q8_0(w)
+    ref = gguf.quants.dequantize(file_bytes(w, "Q8_0"), gguf.GGMLQuantizationType.Q8_0)
+    np.testing.assert_allclose(dequantize_blocks(q, d, m), ref, rtol=0,
+                               atol=float(d.max()) * 1.01)           # a step at most
+    assert np.abs(q).max() <= 127
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_repacking_round_trips_the_blocks(fmt):
+    w = random_matrix(np.random.default_rng(3), 45, 64)          # 45 rows: not a multiple of 32
+    q, d, m = parse_blocks(file_bytes(w, fmt), fmt, 45, 64)
+    qm = QuantMatrix.from_blocks(fmt, q, d, m)
+    q2, d2, m2 = qm.blocks()
+    np.testing.assert_array_equal(q2, q)
+    np.testing.assert_array_equal(d2, d)
+    np.testing.assert_array_equal(m2, m)
+    assert qm.shape == (64, 45) and qm.size == 64 * 45
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fmt=st.sampled_from(FORMATS), rows=st.integers(1, 100), nb=st.integers(1, 5),
+       T=st.sampled_from([1, 2, 3, 7, FEW_ROWS, FEW_ROWS + 1, 40]),
+       threads=st.integers(1, numba.config.NUMBA_NUM_THREADS), seed=st.integers(0, 2**16))
+def test_every_kernel_equals_the_reference(fmt, rows, nb, T, threads, seed):
+    rng = np.random.default_rng(seed)
+    cols = nb * 32
+    raw = file_bytes(random_matrix(rng, rows, cols), fmt)
+    w = dequantize_raw(raw, fmt, rows, cols)                     # [out, in], the reference
+    qm = QuantMatrix.from_blocks(fmt, *parse_blocks(raw, fmt, rows, cols))
+    x = rng.standard_normal((T, cols)).astype(np.float32)
+    old = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        y = x @ qm                                               # [T, rows]
+        ids = rng.integers(0, rows, size=5)
+        emb = qm[ids]                                            # [5, cols]
+    finally:
+        numba.set_num_threads(old)
+    ref = x.astype(np.float64) @ w.T.astype(np.float64)
+    assert y.shape == (T, rows) and y.dtype == np.float32
+    assert rel_err(y, ref) < 1e-5
+    np.testing.assert_array_equal(emb, w[ids])                   # same formula, exact
+    np.testing.assert_array_equal(qm.dequantize(), w.T)
+
+
+def test_concat_fuses_along_outputs():
+    rng = np.random.default_rng(4)
+    parts = [QuantMatrix.from_blocks("Q4_1", *parse_blocks(
+        file_bytes(random_matrix(rng, r, 64), "Q4_1"), "Q4_1", r, 64)) for r in (40, 8, 8)]
+    fused = QuantMatrix.concat(parts)
+    np.testing.assert_array_equal(fused.dequantize(),
+                                  np.concatenate([p.dequantize() for p in parts], axis=1))
+    mixed = QuantMatrix.concat([parts[0], QuantMatrix.from_float(parts[1].dequantize())])
+    assert mixed.fmt == "F32" and mixed.shape == (64, 48)
+
+
+def test_dense_formats_multiply_with_blas():
+    w = np.random.default_rng(5).standard_normal((64, 10)).astype(np.float32)   # [in, out]
+    qm = QuantMatrix.dense(w, "F16")
+    x = np.ones((3, 64), np.float32)
+    np.testing.assert_allclose(x @ qm, x @ w, rtol=1e-6)
+    np.testing.assert_array_equal(qm[np.array([2])], w.T[[2]])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_refused_inputs_get_named_errors(fmt):
+    raw = file_bytes(random_matrix(np.random.default_rng(6), 4, 64), fmt)
+    qm = QuantMatrix.from_blocks(fmt, *parse_blocks(raw, fmt, 4, 64))
+    with pytest.raises(pnp.DTypeError, match="x must be float32"):
+        np.ones((1, 64), np.float64) @ qm
+    with pytest.raises(pnp.ShapeError, match=r"x must be \[T, 64\]"):
+        np.ones((1, 63), np.float32) @ qm
+    with pytest.raises(pnp.ShapeError, match=r"x must be \[T, 64\]"):
+        np.ones(64, np.float32) @ qm
+    with pytest.raises(pnp.IndexOutOfRange, match="ids"):
+        qm[np.array([4])]
+    with pytest.raises(pnp.IndexOutOfRange, match="ids"):
+        qm[np.array([-1])]
+    with pytest.raises(pnp.ShapeError, match="raw"):
+        parse_blocks(raw[:-1], fmt, 4, 64)
+    with pytest.raises(pnp.ShapeError, match="cols"):
+        parse_blocks(raw, fmt, 4, 48)
+    with pytest.raises(pnp.DTypeError, match="fmt"):
+        parse_blocks(raw, "Q4_K", 4, 64)
+    with pytest.raises(pnp.ShapeError, match="w"):
+        quantize_q8_0(np.ones((4, 40), np.float32))
+
+
+def test_empty_input_gives_an_empty_result():
+    qm = QuantMatrix.from_float(np.ones((32, 5), np.float32))
+    assert (np.zeros((0, 32), np.float32) @ qm).shape == (0, 5)
