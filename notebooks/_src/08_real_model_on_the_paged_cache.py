@@ -6,9 +6,10 @@
 # heads over 3 kv heads of 64 dims) through `pnp.LLM`, vLLM's offline API, and a bug
 # shows up as a sentence turned to nonsense.
 #
-# The model is fetched once (98 MB) into `~/.cache/paged_np`; loading it
-# dequantizes the weights to float32. We load it once and build a fresh `pnp.LLM`
-# around it for each experiment (`backend="numpy"`: no compile time, easy to read).
+# The model is fetched once (98 MB) into `~/.cache/paged_np`. By default `load_model`
+# keeps the file's quantized blocks (notebook 9's lesson); here `quantization=None`
+# dequantizes them to float32, so a weight is 4 bytes in the counts below. We load it
+# once and build a fresh `pnp.LLM` around it for each experiment (`backend="numpy"`: no compile time, easy to read).
 #
 # **What you need:** notebooks 1-5 (pages, the online softmax, prefix hits, preemption,
 # the engine's step); notebook 6's roofline for section 5. About 100 MB of disk for
@@ -33,7 +34,7 @@ from paged_np.models import llama
 from _exercise import check              # notebooks/_exercise.py: checks your answers
 
 t0 = time.perf_counter()
-model, tok = pnp.load_model("smollm2-135m-instruct")
+model, tok = pnp.load_model("smollm2-135m-instruct", quantization=None)
 cfg = model.cfg
 print(f"loaded in {time.perf_counter() - t0:.1f} s: {model.num_parameters / 1e6:.0f} M "
       f"parameters, {cfg.num_layers} layers, {cfg.num_heads} q heads, "
