@@ -51,3 +51,18 @@ def test_a_cache_too_small_for_the_slice_fails_with_the_reason(capsys):
     assert eval_cli.main(["--model", "tiny-random", "--num-tokens", "40", "--num-pages", "2",
                           "--page-size", "4", "--backend", "numpy"]) == 1
     assert "can never fit" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("weights", ["", "float32,int4", "gguf;none"])
+def test_bad_weights_are_refused_before_loading(weights, capsys):
+    with pytest.raises(SystemExit) as e:
+        eval_cli.main(["--model", "no-such-model", "--weights", weights])
+    assert e.value.code == 2
+    assert "--weights" in capsys.readouterr().err
+
+
+def test_weights_on_the_tiny_model_are_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        eval_cli.main(["--model", "tiny-random", "--weights", "none,gguf"])
+    assert e.value.code == 2
+    assert "float32 weights only" in capsys.readouterr().err

@@ -83,3 +83,22 @@ def test_perplexity_equals_transformers(smollm2):
         assert r.num_scored == SLICE - 1
         assert abs(r.perplexity / ppl_hf - 1) < 1e-3             # the issue's target: 0.5%
     assert results[1].kl_mean < 1e-6 and results[1].top1 == 1.0  # chunking changes nothing
+
+
+def test_eval_repeats_every_run_on_each_weight_format(tmp_path):
+    """``eval --weights none,gguf``: the file's blocks, multiplied in another order than
+    their float32 dequantization, give the same distribution (KL ~ 0), and each KV
+    dtype run is repeated on the quantized weights."""
+    from paged_np.cli import eval as eval_cli
+
+    out = tmp_path / "eval.json"
+    assert eval_cli.main(["--num-tokens", "64", "--weights", "none,gguf",
+                          "--sweep", "kv_cache_dtype=int8", "--json", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["label"] for r in runs] == ["reference", "kv_cache_dtype=int8",
+                                          "reference, weights=gguf",
+                                          "kv_cache_dtype=int8, weights=gguf"]
+    ref, int8, q_ref, q_int8 = runs
+    assert abs(q_ref["perplexity"] / ref["perplexity"] - 1) < 1e-4
+    assert q_ref["kl_mean"] < 1e-6 and q_ref["top1"] == 1.0
+    assert abs(q_int8["perplexity"] / int8["perplexity"] - 1) < 1e-3

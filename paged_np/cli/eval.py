@@ -6,6 +6,7 @@
     python -m paged_np eval --num-tokens 256 --model tiny-random
     python -m paged_np eval --sweep page_size=8,32 --sweep max_num_batched_tokens=64
     python -m paged_np eval --json out.json                  # the numbers, for a table
+    python -m paged_np eval --weights none,gguf --sweep kv_cache_dtype=float16,int8
 
 The text is a chapter of the Python Language Reference that ships with
 Python (``pydoc_data``; :mod:`paged_np.engine.perplexity` says which and
@@ -14,6 +15,10 @@ why), served as one prompt with ``prompt_logprobs``. The first run is the
 FIELD=V1,V2`` adds one run per value, that :class:`~paged_np.EngineConfig`
 field replaced (any field: a new one, such as a KV dtype, needs no change
 here); a run's perplexity change and KL divergence are against the reference.
+``--weights F1,F2`` evaluates each weight format (``load_model``'s
+``quantization``: ``none`` for float32, ``gguf`` for the file's blocks,
+``q8_0``): the reference runs on the first, and every run is repeated on each
+of the others, so one table holds every KV dtype on every weight format.
 """
 
 from __future__ import annotations
@@ -46,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"tokens of the text to score (default: {EVAL_TOKENS})")
     ap.add_argument("--sweep", action="append", default=[], metavar="FIELD=V1,V2",
                     help="one run per value of an EngineConfig field (repeatable)")
+    ap.add_argument("--weights", default=None, metavar="F1,F2",
+                    help="weight formats, each a load_model quantization: none (float32), "
+                         "gguf (the file's blocks), q8_0; the first is the reference's "
+                         "(default: load_model's default)")
     ap.add_argument("--json", default=None, metavar="PATH", help="also write the results here")
     add_engine_args(ap, defaults=EVAL_DEFAULTS)
     return ap
@@ -78,6 +87,21 @@ def runs_from_args(args, parser) -> list:
     return runs
 
 
+WEIGHT_FORMATS = {"none": None, "float32": None, "gguf": "gguf", "q8_0": "q8_0"}
+
+
+def weight_formats(args, parser) -> list:
+    """``--weights`` as ``[(label, quantization)]`` (empty: the model's default only)."""
+    if args.weights is None:
+        return []
+    labels = [w.strip().lower() for w in args.weights.split(",") if w.strip()]
+    bad = [w for w in labels if w not in WEIGHT_FORMATS]
+    if not labels or bad:
+        parser.error(f"--weights {args.weights!r}: expected a comma list of "
+                     f"{sorted(WEIGHT_FORMATS)}")
+    return [(w, WEIGHT_FORMATS[w]) for w in labels]
+
+
 def _value(field, text: str):
     """A sweep value as its field's type (int, bool or str, as the flags read it)."""
     if isinstance(field.default, bool):
@@ -95,12 +119,21 @@ def main(argv: list[str] | None = None) -> int:
     runs = runs_from_args(args, parser)          # a refused option exits here, before loading
     if args.num_tokens < 2:
         parser.error(f"--num-tokens: perplexity needs at least 2 tokens, got {args.num_tokens}")
+    formats = weight_formats(args, parser)
     if args.model == TINY_MODEL:
+        if formats:
+            parser.error("--weights: the tiny random model has float32 weights only")
         model, tok = tiny_model()
     else:
         from ..models import load_model
 
-        model, tok = load_model(args.model)
+        model, tok = load_model(args.model, **({"quantization": formats[0][1]} if formats
+                                               else {}))
+        base_runs = list(runs)
+        for label, quantization in formats[1:]:
+            other, _ = load_model(args.model, quantization=quantization)
+            runs += [dataclasses.replace(r, label=f"{r.label}, weights={label}", model=other)
+                     for r in base_runs]
     ids = eval_token_ids(tok, args.num_tokens)
     info = {**eval_text_info(), "num_tokens": len(ids), "model": args.model}
     print(f"model {args.model}; scoring {len(ids)} tokens of {info['source']}", flush=True)
