@@ -9,7 +9,7 @@ import pytest
 
 import paged_np as pnp
 from paged_np.engine.logprobs import log_softmax, logprob_dicts, perplexity
-from tests.engine_helpers import prompts, tiny_model
+from engine_helpers import prompts, tiny_model
 
 ATOL = 1e-4                      # float32 paged attention against float32 dense attention
 
