@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from engine_helpers import prompts, tiny_model
 
 import paged_np as pnp
 from paged_np.engine.logprobs import log_softmax, logprob_dicts, perplexity
-from engine_helpers import prompts, tiny_model
 
 ATOL = 1e-4                      # float32 paged attention against float32 dense attention
 
