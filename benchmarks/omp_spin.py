@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
+
+from paged_np.cli.machine import machine_line
 
 CHILD = r'''
 import json, time, numpy as np, paged_np as pnp
@@ -70,26 +71,14 @@ def run(spin: str) -> dict:
     return json.loads(line[7:])
 
 
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                flags = open("/proc/cpuinfo").read()
-                return line.split(":", 1)[1].strip() + (", AVX-512" if "avx512f" in flags
-                                                        else ", AVX2")
-    except OSError:
-        pass
-    return platform.machine()
-
-
 def main() -> None:
     rows = {s: [] for s in SETTINGS}
     for _ in range(2):                                   # interleaved rounds
         for s in SETTINGS:
             rows[s].append(run(s))
     lines = ["# GOMP_SPINCOUNT against the quantized model's speed", "",
-             f"Written by `python benchmarks/omp_spin.py`. Machine: {cpu_name()}, "
-             f"{os.cpu_count()} cores, 2 threads pinned; best of 2 interleaved rounds per cell "
+             f"Written by `python benchmarks/omp_spin.py`. Machine: {machine_line()}, "
+             f"2 threads pinned; best of 2 interleaved rounds per cell "
              "(times: lower is better; tokens/s: higher).", "",
              "| GOMP_SPINCOUNT | 17-row quantized panel ms | same product float32 ms | "
              "batch-1 decode ms/token, quantized | float32 | 16 chats tok/s, quantized | float32 |",

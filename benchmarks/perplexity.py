@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # this checkout's
 import numpy as np  # noqa: E402
 
 import paged_np as pnp  # noqa: E402
+from paged_np.cli.machine import machine_line  # noqa: E402
 from paged_np.engine.logprobs import log_softmax  # noqa: E402
 from paged_np.engine.perplexity import EVAL_TOKENS, eval_text_info, eval_token_ids  # noqa: E402
 from paged_np.models.blas import pinned_threads  # noqa: E402
@@ -105,17 +105,6 @@ def kl_rows(ref: np.ndarray, other: np.ndarray, block: int = 128) -> np.ndarray:
     return out
 
 
-def machine() -> str:
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    except OSError:
-        lscpu = ""
-    name = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines()
-                 if ln.startswith("Model name")), platform.processor() or platform.machine())
-    isa = "AVX-512" if "avx512f" in lscpu else ("AVX2" if "avx2" in lscpu else "no AVX2")
-    return f"{name}, {os.cpu_count()} cores, {isa}"
-
-
 def load() -> str:
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -156,7 +145,7 @@ def main(argv=None) -> int:
         "# Perplexity: paged_np's engine against transformers",
         "",
         f"Written by `python benchmarks/perplexity.py` (see its docstring) in {elapsed:.0f} s. "
-        f"Machine: {machine()}, shared; load average (1/5/15 min) {load_start} at the start, "
+        f"Machine: {machine_line()}, shared; load average (1/5/15 min) {load_start} at the start, "
         f"{load_end} at the end. Python {platform.python_version()}, NumPy {np.__version__}, "
         f"{versions}; BLAS, Numba and torch threads pinned to {args.threads}.",
         "",

@@ -38,7 +38,6 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # this checkout's
 import numpy as np  # noqa: E402
 
 import paged_np as pnp  # noqa: E402
+from paged_np.cli.machine import machine_line  # noqa: E402
 from paged_np.models.blas import pinned_threads  # noqa: E402
 from paged_np.models.llama import ForwardBatch  # noqa: E402
 
@@ -307,17 +307,6 @@ def products_ms(model, rows: int, repeat: int = 5) -> float:
 
 
 # ----------------------------------------------------------------- the report
-def machine() -> str:
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    except OSError:
-        lscpu = ""
-    name = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines()
-                 if ln.startswith("Model name")), platform.processor() or platform.machine())
-    isa = "AVX-512" if "avx512f" in lscpu else ("AVX2" if "avx2" in lscpu else "no AVX2")
-    return f"{name}, {os.cpu_count()} cores, {isa}"
-
-
 def load() -> str:
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -380,7 +369,7 @@ def run_sweep(model, tok, convs, max_tokens, base, args) -> None:
         "# Speculative decoding: k and the lookup lengths",
         "",
         f"Written by `python benchmarks/spec_decode.py --sweep` in "
-        f"{time.perf_counter() - t0:.0f} s. Machine: {machine()}, shared; load average "
+        f"{time.perf_counter() - t0:.0f} s. Machine: {machine_line()}, shared; load average "
         f"(1/5/15 min) {load_start} at the start, {load()} at the end; BLAS and Numba "
         f"threads pinned to {args.threads}. SmolLM2-135M-Instruct, batch 1, greedy, "
         f"`max_tokens={max_tokens}`; two prompts a category, one run each, every setting "
@@ -441,7 +430,7 @@ def main(argv=None) -> int:
         "",
         f"Written by `python benchmarks/spec_decode.py{' --quick' if args.quick else ''}"
         f"` (see its docstring) in {elapsed:.0f} s. "
-        f"Machine: {machine()}, shared; load average (1/5/15 min) {load_start} at the start, "
+        f"Machine: {machine_line()}, shared; load average (1/5/15 min) {load_start} at the start, "
         f"{load_end} at the end. Python {platform.python_version()}, NumPy {np.__version__}, "
         f"BLAS and Numba threads pinned to {args.threads}.",
         "",

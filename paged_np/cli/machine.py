@@ -14,6 +14,7 @@ Nothing here imports another module of the bench: it is the bottom layer.
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import time
 
@@ -156,6 +157,13 @@ def _cpu_flags() -> set:
     except OSError:
         pass
     return set()
+
+
+def machine_line() -> str:
+    """One line for a benchmark's header: ``"<CPU model>, <n> cores, <ISA>"`` (no compile)."""
+    flags = _cpu_flags()
+    isa = "AVX-512" if "avx512f" in flags else ("AVX2" if "avx2" in flags else "no AVX2")
+    return f"{cpu_model()}, {os.cpu_count()} cores, {isa}"
 
 
 def isa_info() -> dict:
