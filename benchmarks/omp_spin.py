@@ -7,8 +7,9 @@ parallel region (``GOMP_SPINCOUNT``, 300,000 by default) while the next NumPy
 product wants the same cores for OpenBLAS. Each setting runs in a fresh
 process (libgomp reads the variable when it loads), 2 threads pinned:
 
-- a 17-row product through the quantized panel path (dequantize a tile, then
-  BLAS) of one layer's gate/up matrix, beside float32 BLAS on the same tile;
+- a 17-row product of one layer's gate/up matrix through the quantized
+  ``batch`` kernel (Numba's threads only), beside float32 BLAS on the same
+  matrix dequantized, each timed right after the other;
 - batch-1 decode (32 greedy tokens) and 16 chats of 32 tokens through ``LLM``,
   quantized and float32 weights.
 
@@ -42,7 +43,7 @@ with pinned_threads(2):
     qm = q.w_gate_up[0]
     tile = qm.dequantize()
     x = np.random.default_rng(0).standard_normal((17, tile.shape[0])).astype(np.float32)
-    out["panel17_ms"] = best(lambda: qm.matmul(x))
+    out["q17_ms"] = best(lambda: qm.matmul(x))
     out["f32_17_ms"] = best(lambda: x @ tile)
     for quant in ("gguf", None):
         m, tok = pnp.load_model("smollm2-135m-instruct", quantization=quant)
@@ -80,7 +81,7 @@ def main() -> None:
              f"Written by `python benchmarks/omp_spin.py`. Machine: {machine_line()}, "
              f"2 threads pinned; best of 2 interleaved rounds per cell "
              "(times: lower is better; tokens/s: higher).", "",
-             "| GOMP_SPINCOUNT | 17-row quantized panel ms | same product float32 ms | "
+             "| GOMP_SPINCOUNT | 17-row quantized product ms | same product float32 ms | "
              "batch-1 decode ms/token, quantized | float32 | 16 chats tok/s, quantized | float32 |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for s in SETTINGS:
@@ -91,7 +92,7 @@ def main() -> None:
             return max(x[k] for x in r)
 
         lines.append(f"| {s}{' (libgomp default)' if s == '300000' else ' (paged_np default)'} "
-                     f"| {lo('panel17_ms'):.2f} | {lo('f32_17_ms'):.2f} | "
+                     f"| {lo('q17_ms'):.2f} | {lo('f32_17_ms'):.2f} | "
                      f"{lo('quantized_b1_ms'):.1f} | {lo('float32_b1_ms'):.1f} | "
                      f"{hi('quantized_16_tok_s'):.0f} | {hi('float32_16_tok_s'):.0f} |")
     text = "\n".join(lines) + "\n"

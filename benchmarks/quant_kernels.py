@@ -2,18 +2,22 @@
 
     python benchmarks/quant_kernels.py [--threads 1] [--rounds 5]
 
-Writes ``benchmarks/quant_kernels.md``. For each input row count T (1: decode;
-2-16: the few-row kernel; 64: panel + BLAS) it times one pass over the 30
-layers' four fused projections and the tied LM head, held as the file's
-blocks (Q4_1 projections, Q8_0 head) and as float32 (BLAS), alternating, and
-reports the best pass of ``--rounds``. It also repacks the Q4_1 projections
-with 32 lanes instead of 64 (the kernels take the lane count from the
-array's shape) to show why the layout has 64.
+Writes ``benchmarks/quant_kernels.md``. For each input row count T (1-3: the
+``rows`` kernel; from 4: ``batch``) it times one pass over the 30 layers'
+four fused projections and the tied LM head, held as the file's blocks
+(Q4_1 projections, Q8_0 head) and as float32 (BLAS), alternating, and
+reports the best pass of ``--rounds``. Three ablations beside them: the
+``rows`` kernel at every T (why ``batch`` takes over at 4); ``batch`` with
+one input row and eight weights per pass over the accumulators instead of
+four rows and four weights (:func:`one_row_batch`, the Q4 projections); and
+the Q4_1 projections repacked with 32 lanes instead of 64 (the kernels take
+the lane count from the array's shape).
 """
 
 from __future__ import annotations
 
 import argparse
+import operator
 import os
 import platform
 import sys
@@ -21,13 +25,65 @@ import time
 from pathlib import Path
 
 import numpy as np
+from numba import njit, prange
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # this checkout's paged_np
 
 import paged_np as pnp  # noqa: E402
 from paged_np.cli.machine import cpu_model, isa_info  # noqa: E402
 from paged_np.models.blas import pinned_threads  # noqa: E402
-from paged_np.quant import QuantMatrix  # noqa: E402
+from paged_np.config import JIT_OPTIONS  # noqa: E402
+from paged_np.quant import FEW_ROWS, QuantMatrix  # noqa: E402
+from paged_np.quant import kernels as K  # noqa: E402
+
+
+@njit(**JIT_OPTIONS)
+def _one_row_tile(w, x, base, t0, t1, acc):
+    """The ablation of ``kernels._multiply_tile``: one row, eight weights per pass."""
+    for t in range(t0, t1):
+        a = acc[t - t0]
+        for j in range(base, base + 32, 8):
+            x0, x1, x2, x3 = x[t, j], x[t, j + 1], x[t, j + 2], x[t, j + 3]
+            x4, x5, x6, x7 = x[t, j + 4], x[t, j + 5], x[t, j + 6], x[t, j + 7]
+            i = j - base
+            w0, w1, w2, w3, w4, w5, w6, w7 = (w[i], w[i + 1], w[i + 2], w[i + 3], w[i + 4],
+                                              w[i + 5], w[i + 6], w[i + 7])
+            for r in range(w.shape[1]):
+                a[r] += (w0[r] * x0 + w1[r] * x1 + w2[r] * x2 + w3[r] * x3
+                         + w4[r] * x4 + w5[r] * x5 + w6[r] * x6 + w7[r] * x7)
+
+
+@njit(parallel=True, **JIT_OPTIONS)
+def _one_row_q4(qs, d, m, x, y):
+    G, nb, _, R = qs.shape
+    for g in prange(G):
+        w = np.empty((32, R), np.float32)
+        acc = np.empty((K.BATCH, R), np.float32)
+        for t0 in range(0, x.shape[0], K.BATCH):
+            t1 = min(x.shape[0], t0 + K.BATCH)
+            acc[:] = 0.0
+            for b in range(nb):
+                K.dequantize_q4_block(qs, d, m, g, b, w)
+                _one_row_tile(w, x, b * 32, t0, t1, acc)
+            for t in range(t0, t1):
+                y[t, g * R:(g + 1) * R] = acc[t - t0]
+
+
+def one_row_batch(x, qm):
+    """``x @ qm`` through :func:`_one_row_q4` (Q4 matrices only)."""
+    y = np.empty((x.shape[0], qm.qs.shape[0] * K.LANES), np.float32)
+    _one_row_q4(qm.qs, qm.d, qm.m, x, y)
+    return y
+
+
+def rows_only(x, qm):
+    """``x @ qm`` through the ``rows`` kernel whatever T is."""
+    y = np.empty((x.shape[0], qm.qs.shape[0] * K.LANES), np.float32)
+    if qm.fmt == "Q8_0":
+        K.q8_rows(qm.qs, qm.d, x, y)
+    else:
+        K.q4_rows(qm.qs, qm.d, qm.m, x, y)
+    return y
 
 
 def with_lanes(qm: QuantMatrix, lanes: int) -> QuantMatrix:
@@ -45,15 +101,20 @@ def with_lanes(qm: QuantMatrix, lanes: int) -> QuantMatrix:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64, 110])
     args = ap.parse_args(argv)
     model, _ = pnp.load_model("smollm2-135m-instruct")
     proj = [*model.wqkv, *model.w["wo"], *model.w_gate_up, *model.w["w_down"]]
-    sets = {"quantized": proj + [model.w["embed"]],
-            "float32": [np.asarray(m) for m in proj] + [np.asarray(model.w["embed"])],
-            "Q4_1 with 32 lanes": [with_lanes(m, 32) for m in proj] + [model.w["embed"]]}
+    head = model.w["embed"]
+    sets = {"quantized": proj + [head],
+            "float32": [np.asarray(m) for m in proj] + [np.asarray(head)],
+            "rows kernel": proj + [head],
+            "one row per pass": proj + [head],
+            "Q4_1 with 32 lanes": [with_lanes(m, 32) for m in proj] + [head]}
+    how = {"rows kernel": rows_only,
+           "one row per pass": lambda x, m: one_row_batch(x, m) if m.fmt != "Q8_0" else x @ m}
     nbytes = {k: sum(m.nbytes for m in v) for k, v in sets.items()}
     rng = np.random.default_rng(0)
     lines = ["# Quantized kernels, one pass over SmolLM2-135M's matrices", "",
@@ -66,7 +127,8 @@ def main(argv=None) -> int:
              f"{nbytes['float32'] / 2**20:.0f} MiB float32); best of "
              f"{args.rounds} alternating rounds.", "",
              "| rows T | kernel | quantized ms | float32 ms | float32 / quantized | "
-             "Q4_1 32 lanes ms | quantized GB/s |", "|---|---|---|---|---|---|---|"]
+             "rows kernel ms | one row per pass ms | Q4_1 32 lanes ms | quantized GB/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     with pinned_threads(args.threads):
         for T in args.rows:
             xs = {k: rng.standard_normal((T, k), dtype=np.float32) for k in (576, 1536)}
@@ -74,13 +136,17 @@ def main(argv=None) -> int:
             for _ in range(args.rounds + 1):                  # the first round compiles
                 for name, mats in sets.items():
                     t0 = time.perf_counter()
+                    mul = how.get(name, operator.matmul)
                     for m in mats:
-                        xs[m.shape[0]] @ m
+                        mul(xs[m.shape[0]], m)
                     best[name] = min(best[name], time.perf_counter() - t0)
-            kernel = "rows" if T <= 16 else "panel + BLAS"
-            q, f, r32 = best["quantized"], best["float32"], best["Q4_1 with 32 lanes"]
+            kernel = "rows" if T <= FEW_ROWS else "batch"
+            q, f = best["quantized"], best["float32"]
             lines.append(f"| {T} | {kernel} | {1e3 * q:.1f} | {1e3 * f:.1f} | {f / q:.2f}x | "
-                         f"{1e3 * r32:.1f} | {nbytes['quantized'] / q / 1e9:.1f} |")
+                         f"{1e3 * best['rows kernel']:.1f} | "
+                         f"{1e3 * best['one row per pass']:.1f} | "
+                         f"{1e3 * best['Q4_1 with 32 lanes']:.1f} | "
+                         f"{nbytes['quantized'] / q / 1e9:.1f} |")
             print(lines[-1], flush=True)
     out = Path(__file__).parent / "quant_kernels.md"
     out.write_text("\n".join(lines) + "\n")

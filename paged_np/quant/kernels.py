@@ -22,13 +22,16 @@ the vectorisation: 2 GB/s instead of the memory's 10-20.)
 
 Kernels (all take checked, contiguous arrays; :mod:`.matrix` validates):
 
-- ``*_rows``: 1-16 input rows (decode at batch 1, a batch of decodes, a
-  speculative verify step), parallel over row groups: a group's blocks are
-  read from memory once per call and from cache for the other rows (one
-  kernel for 1 and for 16 rows: a separate matrix-vector kernel measured no
-  faster, and each parallel kernel costs about 1.5 s of cold compile);
-- ``*_panel``: dequantize row groups into a float32 ``[in, rows]`` tile for
-  BLAS (prefill and large batches, where the multiply is compute-bound);
+- ``*_rows``: 1-3 input rows (decode at batch 1, a few decodes), parallel
+  over row groups: each row decodes the group's bytes as it multiplies, and
+  the group's blocks come from memory once per call, from cache for the
+  other rows (one kernel for 1 and for 3 rows: a separate matrix-vector
+  kernel measured no faster, and each parallel kernel costs about 1.5 s of
+  cold compile);
+- ``*_batch``: 4 or more rows (a batch of decodes, a speculative verify
+  step, prefill), parallel over row groups: each block is dequantized once
+  into a float32 tile ``[32, LANES]`` in L1 and multiplied into up to
+  ``BATCH`` rows, four rows per pass (:func:`_multiply_tile`);
 - ``*_embed``: dequantize whole rows (token embedding lookup).
 
 The loops read their trip counts from the arrays' shapes (not constants):
@@ -47,6 +50,9 @@ from ..config import JIT_OPTIONS
 #: wide, 4 vectors per iteration (64 rows); 32 rows measured 1.2-1.9x slower
 #: (``benchmarks/quant_kernels.md``).
 LANES = 64
+#: Input rows that share one dequantized block in ``*_batch`` (their accumulators:
+#: 4 KiB of L1).
+BATCH = 16
 
 
 @njit(**JIT_OPTIONS)
@@ -123,45 +129,105 @@ def q8_rows(qs, d, x, y):
             y[t, g * R:(g + 1) * R] = acc
 
 
-@njit(parallel=True, **JIT_OPTIONS)
-def q4_panel(qs, d, m, g0, g1, out):
-    """Dequantize row groups ``[g0, g1)`` into ``out`` float32 [K, (g1-g0)*LANES], [in, out].
+@njit(**JIT_OPTIONS)
+def dequantize_q4_block(qs, d, m, g, b, w):
+    """Block ``b`` of row group ``g`` -> ``w`` float32 [32, LANES]: ``d * q + m``."""
+    db, mb = d[g, b], m[g, b]
+    for j in range(16):
+        row, lo, hi = qs[g, b, j], w[j], w[j + 16]
+        for r in range(row.shape[0]):
+            q = row[r]
+            lo[r] = db[r] * np.float32(q & np.uint8(15)) + mb[r]
+            hi[r] = db[r] * np.float32(q >> np.uint8(4)) + mb[r]
 
-    Each block row is dequantized into a local 64-float vector, then copied into
-    the tile as one slice (writing the tile element by element measured 5-40x
-    slower: LLVM could not vectorise stores that might alias the inputs).
+
+@njit(**JIT_OPTIONS)
+def dequantize_q8_block(qs, d, g, b, w):
+    """Block ``b`` of row group ``g`` -> ``w`` float32 [32, LANES]: ``d * q``."""
+    db = d[g, b]
+    for j in range(32):
+        row, wj = qs[g, b, j], w[j]
+        for r in range(row.shape[0]):
+            wj[r] = db[r] * np.float32(row[r])
+
+
+@njit(**JIT_OPTIONS)
+def _multiply_tile(w, x, base, t0, t1, acc):
+    """``acc[t - t0] += x[t, base:base+32] @ w`` for rows ``t0 <= t < t1``; ``w`` float32
+    [32, LANES] is one dequantized block of 64 output rows.
+
+    Four input rows at a time, four weights per pass: each weight vector loaded
+    from the tile feeds four accumulators, and each accumulator is loaded and
+    stored once per four products (1.6x faster at 16 rows than one row and eight
+    weights per pass, 2.8x faster than one product per pass; see docs/design.md).
     """
-    nb, R = qs.shape[1], qs.shape[3]
-    for g in prange(g0, g1):
-        c = (g - g0) * R
-        lo = np.empty(R, np.float32)
-        hi = np.empty(R, np.float32)
-        for b in range(nb):
-            db, mb = d[g, b], m[g, b]
-            for j in range(16):
-                row = qs[g, b, j]
-                for r in range(R):
-                    q = row[r]
-                    lo[r] = db[r] * np.float32(q & np.uint8(15)) + mb[r]
-                    hi[r] = db[r] * np.float32(q >> np.uint8(4)) + mb[r]
-                out[b * 32 + j, c:c + R] = lo
-                out[b * 32 + 16 + j, c:c + R] = hi
+    R = w.shape[1]
+    t = t0
+    while t + 3 < t1:
+        a0, a1, a2, a3 = acc[t - t0], acc[t - t0 + 1], acc[t - t0 + 2], acc[t - t0 + 3]
+        for j in range(base, base + 32, 4):
+            p0, p1, p2, p3 = x[t, j], x[t, j + 1], x[t, j + 2], x[t, j + 3]
+            q0, q1, q2, q3 = x[t + 1, j], x[t + 1, j + 1], x[t + 1, j + 2], x[t + 1, j + 3]
+            r0, r1, r2, r3 = x[t + 2, j], x[t + 2, j + 1], x[t + 2, j + 2], x[t + 2, j + 3]
+            s0, s1, s2, s3 = x[t + 3, j], x[t + 3, j + 1], x[t + 3, j + 2], x[t + 3, j + 3]
+            w0, w1, w2, w3 = w[j - base], w[j - base + 1], w[j - base + 2], w[j - base + 3]
+            for r in range(R):
+                v0, v1, v2, v3 = w0[r], w1[r], w2[r], w3[r]
+                a0[r] += (v0 * p0 + v1 * p1) + (v2 * p2 + v3 * p3)
+                a1[r] += (v0 * q0 + v1 * q1) + (v2 * q2 + v3 * q3)
+                a2[r] += (v0 * r0 + v1 * r1) + (v2 * r2 + v3 * r3)
+                a3[r] += (v0 * s0 + v1 * s1) + (v2 * s2 + v3 * s3)
+        t += 4
+    while t < t1:                                                # the last 1-3 rows
+        a = acc[t - t0]
+        for j in range(base, base + 32, 4):
+            p0, p1, p2, p3 = x[t, j], x[t, j + 1], x[t, j + 2], x[t, j + 3]
+            w0, w1, w2, w3 = w[j - base], w[j - base + 1], w[j - base + 2], w[j - base + 3]
+            for r in range(R):
+                a[r] += (w0[r] * p0 + w1[r] * p1) + (w2[r] * p2 + w3[r] * p3)
+        t += 1
 
 
 @njit(parallel=True, **JIT_OPTIONS)
-def q8_panel(qs, d, g0, g1, out):
-    """Dequantize row groups ``[g0, g1)`` into ``out`` float32 [K, (g1-g0)*LANES]."""
-    nb, R = qs.shape[1], qs.shape[3]
-    for g in prange(g0, g1):
-        c = (g - g0) * R
-        w = np.empty(R, np.float32)
-        for b in range(nb):
-            db = d[g, b]
-            for j in range(32):
-                row = qs[g, b, j]
-                for r in range(R):
-                    w[r] = db[r] * np.float32(row[r])
-                out[b * 32 + j, c:c + R] = w
+def q4_batch(qs, d, m, x, y):
+    """Q4 times ``x`` float32 [T, K] (any T, best from 4 rows) -> ``y`` [T, G*LANES].
+
+    Each block of a group is dequantized once into a float32 tile ``w`` [32, LANES]
+    (8 KiB, stays in L1) and multiplied into up to ``BATCH`` input rows, whose
+    accumulators ``acc`` [BATCH, LANES] also stay in L1: the dequantization is paid
+    once per ``BATCH`` rows instead of once per row, as ``q4_rows`` pays it.
+    """
+    G, nb, _, R = qs.shape
+    T = x.shape[0]
+    for g in prange(G):
+        w = np.empty((32, R), np.float32)
+        acc = np.empty((BATCH, R), np.float32)
+        for t0 in range(0, T, BATCH):
+            t1 = min(T, t0 + BATCH)
+            acc[:] = 0.0
+            for b in range(nb):
+                dequantize_q4_block(qs, d, m, g, b, w)
+                _multiply_tile(w, x, b * 32, t0, t1, acc)
+            for t in range(t0, t1):
+                y[t, g * R:(g + 1) * R] = acc[t - t0]
+
+
+@njit(parallel=True, **JIT_OPTIONS)
+def q8_batch(qs, d, x, y):
+    """Q8 times ``x`` float32 [T, K] -> ``y`` [T, G*LANES]; as :func:`q4_batch`."""
+    G, nb, _, R = qs.shape
+    T = x.shape[0]
+    for g in prange(G):
+        w = np.empty((32, R), np.float32)
+        acc = np.empty((BATCH, R), np.float32)
+        for t0 in range(0, T, BATCH):
+            t1 = min(T, t0 + BATCH)
+            acc[:] = 0.0
+            for b in range(nb):
+                dequantize_q8_block(qs, d, g, b, w)
+                _multiply_tile(w, x, b * 32, t0, t1, acc)
+            for t in range(t0, t1):
+                y[t, g * R:(g + 1) * R] = acc[t - t0]
 
 
 @njit(**JIT_OPTIONS)

@@ -17,10 +17,18 @@ file), so the kernels do no float16 conversion.
 Which kernel runs depends on the number of input rows ``T``:
 
 ========  ===================================================================
-1..16     ``rows``: decode (T = 1), batched decodes, a speculative verify
-          step; each block read from memory once, reused from cache
-> 16      ``panel``: dequantize a ~8 MiB float32 tile ``[in, cols]``, then BLAS
+1..3      ``rows``: decode (T = 1), a few decodes; each row decodes the
+          nibbles itself as it multiplies (no tile to write)
+>= 4      ``batch``: a batch of decodes, a speculative verify step, prefill;
+          each block dequantized once into a float32 tile in L1 and
+          multiplied into 16 rows at a time, four rows per pass
 ========  ===================================================================
+
+Both are Numba kernels on Numba's threads. Dequantizing panels for BLAS
+(the float32 path's product) measured faster alone but slower in the
+model: Numba's and OpenBLAS's threads each spin for a while after their
+call and take the other's core (a 110-token prefill took 407-457 ms that
+way, 213-216 ms with the batch kernel; ``docs/design.md``).
 
 ``F32`` and ``F16`` tensors are held as a float32 ``[in, out]`` array and
 multiplied by BLAS (same interface).
@@ -34,10 +42,8 @@ from ..errors import DTypeError, IndexOutOfRange, ShapeError
 from . import kernels as K
 from .blocks import BLOCK, FLOAT_FORMATS, QUANT_FORMATS, dequantize_blocks
 
-#: Largest input row count that uses the few-row kernel (above it: panel + BLAS).
-FEW_ROWS = 16
-#: Float32 bytes of one dequantized panel (fits in L2/L3 next to the activations).
-PANEL_BYTES = 8 << 20
+#: Largest input row count that uses the ``rows`` kernel (from 4 rows: ``batch``).
+FEW_ROWS = 3
 
 
 class QuantMatrix:
@@ -169,31 +175,17 @@ class QuantMatrix:
         T, out = x.shape[0], self.shape[1]
         if T == 0:
             return np.zeros((0, out), np.float32)
-        if T > FEW_ROWS:
-            return self._panel_matmul(x)
         y = np.empty((T, self.qs.shape[0] * K.LANES), np.float32)    # padded rows
         q4 = self.fmt != "Q8_0"
-        if q4:
+        if T > FEW_ROWS:
+            if q4:
+                K.q4_batch(self.qs, self.d, self.m, x, y)
+            else:
+                K.q8_batch(self.qs, self.d, x, y)
+        elif q4:
             K.q4_rows(self.qs, self.d, self.m, x, y)
         else:
             K.q8_rows(self.qs, self.d, x, y)
-        return y if y.shape[1] == out else np.ascontiguousarray(y[:, :out])
-
-    def _panel_matmul(self, x: np.ndarray) -> np.ndarray:
-        G = self.qs.shape[0]
-        cols = max(K.LANES, PANEL_BYTES // (4 * self.shape[0]) // K.LANES * K.LANES)
-        gp = cols // K.LANES                                     # row groups per panel
-        y = np.empty((x.shape[0], G * K.LANES), np.float32)
-        tile = np.empty((self.shape[0], min(G, gp) * K.LANES), np.float32)   # [in, cols]
-        for g0 in range(0, G, gp):
-            g1 = min(G, g0 + gp)
-            t = tile[:, :(g1 - g0) * K.LANES]
-            if self.fmt == "Q8_0":
-                K.q8_panel(self.qs, self.d, g0, g1, tile)
-            else:
-                K.q4_panel(self.qs, self.d, self.m, g0, g1, tile)
-            np.matmul(x, t, out=y[:, g0 * K.LANES:g1 * K.LANES])
-        out = self.shape[1]
         return y if y.shape[1] == out else np.ascontiguousarray(y[:, :out])
 
     def __getitem__(self, ids) -> np.ndarray:
