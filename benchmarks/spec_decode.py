@@ -425,6 +425,8 @@ def main(argv=None) -> int:
     elapsed, load_end = time.perf_counter() - t_start, load()
 
     rows = rows_of(res)
+    weights = ("the file's Q4_1/Q8_0 blocks, `paged_np.quant`" if model.quantized
+               else "float32")
     lines = [
         "# Speculative decoding with n-gram drafts: batch-1 tokens/s",
         "",
@@ -434,7 +436,7 @@ def main(argv=None) -> int:
         f"{load_end} at the end. Python {platform.python_version()}, NumPy {np.__version__}, "
         f"BLAS and Numba threads pinned to {args.threads}.",
         "",
-        f"Model `{MODEL}` (float32), batch 1, greedy, `max_tokens={max_tokens}`; with "
+        f"Model `{MODEL}` ({weights}), batch 1, greedy, `max_tokens={max_tokens}`; with "
         f"`speculative_config={spec}`. Each prompt ran {rounds}x per mode, with and without "
         "alternating; times are each prompt's best, the speedup in brackets the median of "
         "the per-run ratios. *acceptance*: accepted drafts / drafts; *mean accepted length*: "
@@ -457,8 +459,8 @@ def main(argv=None) -> int:
         "",
         "A drafting step pays off when the tokens it emits (the mean accepted length) exceed "
         "its cost in one-row forwards. *Weight products alone*: the same forward's matrix "
-        "products (`x @ W` for every layer's four weight matrices, and the LM head) with "
-        "NumPy's BLAS, nothing else.",
+        "products (`x @ W` for every layer's four weight matrices, and the LM head) through "
+        f"{'the quantized kernels' if model.quantized else 'BLAS'}, nothing else.",
         "",
         "## The targets (issue 27)",
         "",

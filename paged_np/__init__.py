@@ -23,19 +23,6 @@ figures), :mod:`paged_np.viz` (drawings) and :mod:`paged_np.cli` (the
 all of them.
 """
 
-import os
-
-# Numba's parallel kernels run on GNU OpenMP threads, which spin after each
-# parallel region (300,000 spins by default) while the next NumPy product wants
-# the same cores for OpenBLAS's threads. On a 2-core machine that fight made a
-# quantized 17-row product 7.8 ms instead of 1.7 ms and served 16 chats at 158
-# tokens/s instead of 214 (`python benchmarks/omp_spin.py`, benchmarks/omp_spin.md).
-# A shorter spin keeps the quick wake-up that decode's many small kernels want
-# (never spinning made batch-1 decode 2-3x slower). Set before Numba loads
-# libgomp (a process that loaded it earlier, e.g. through torch, keeps its own);
-# a value the user set wins.
-os.environ.setdefault("GOMP_SPINCOUNT", "30000")
-
 from .attention import AttentionMetadata, merge_attention_states, paged_attention
 from .cache.eviction import EvictionPolicy, FIFOPolicy, LFUPolicy, LRUPolicy
 from .cache.hash_index import HashIndex

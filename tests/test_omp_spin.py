@@ -1,5 +1,6 @@
-"""``import paged_np`` shortens GNU OpenMP's spin (benchmarks/omp_spin.md says why), unless
-the user chose one."""
+"""``import paged_np`` leaves GNU OpenMP's spin alone (benchmarks/omp_spin.md says why: once
+the quantized model stopped calling BLAS, libgomp's default measured faster than the shorter
+spin the package used to set)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import sys
 
 import pytest
 
-CODE = "import os, paged_np; print(os.environ['GOMP_SPINCOUNT'])"
+CODE = "import os, paged_np; print(os.environ.get('GOMP_SPINCOUNT', 'unset'))"
 
 
-@pytest.mark.parametrize("given, expected", [(None, "30000"), ("12345", "12345")])
-def test_gomp_spincount_default_and_the_users_value_wins(given, expected):
+@pytest.mark.parametrize("given, expected", [(None, "unset"), ("12345", "12345")])
+def test_import_leaves_gomp_spincount_as_the_user_set_it(given, expected):
     env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
     if given is not None:
         env["GOMP_SPINCOUNT"] = given

@@ -112,6 +112,45 @@ def hf_times(hf, prompt, n_tokens: int):
     return prefill, steps
 
 
+_COMPILE_PROBE = r"""
+import time
+import numpy as np
+from paged_np.models import fused
+from paged_np.quant import QuantMatrix
+rng = np.random.default_rng(0)
+q = rng.integers(0, 16, (64, 2, 32)).astype(np.uint8)
+d, m = (rng.random((2, 64, 2)) * 0.01).astype(np.float32)
+mats = [QuantMatrix.from_blocks("Q4_1", q, d, m),
+        QuantMatrix.from_float(rng.standard_normal((64, 64)).astype(np.float32))]
+t0 = time.perf_counter()
+for qm in mats:
+    for T in (1, 4):                                    # the rows and the batch kernel
+        rng.standard_normal((T, 64)).astype(np.float32) @ qm
+    qm[np.array([0, 5])]                                # the embedding rows
+x = rng.standard_normal((2, 64)).astype(np.float32)
+fused.rms_norm(x, np.ones(64, np.float32), 1e-5)
+fused.silu_mul(x, 32)
+cos = np.ones((2, 8), np.float32)
+fused.rope_qk(rng.standard_normal((2, 64)).astype(np.float32), cos, cos, 2, 1, 16)
+print(time.perf_counter() - t0)
+"""
+
+
+def quant_compile_seconds() -> float:
+    """Seconds to compile the quantized kernels and the fused layer operations, in a
+    fresh process with an empty Numba cache (imports not counted)."""
+    import subprocess
+    import tempfile
+
+    root = Path(__file__).resolve().parents[2]                    # the folder of paged_np
+    with tempfile.TemporaryDirectory() as cache_dir:
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir,
+                   PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+        r = subprocess.run([sys.executable, "-c", _COMPILE_PROBE], env=env,
+                           capture_output=True, text=True, check=True)
+    return float(r.stdout.strip().splitlines()[-1])
+
+
 def file_weight_bytes(path) -> int:
     """Bytes of the weight tensors in a GGUF file: what a decode step reads at least."""
     import gguf
@@ -207,6 +246,9 @@ def write_table(res: dict) -> str:
         c = rows["llama.cpp"]
         lines.append(f"Decode, quantized / llama.cpp: {c['decode_ms'] / q['decode_ms']:.2f}x; "
                      f"prefill: {c['prefill_s'] / q['prefill_s']:.2f}x.")
+    if "compile_s" in res:
+        lines.append(f"Cold compile of the quantized kernels and the fused layer operations "
+                     f"(empty Numba cache, imports not counted): {res['compile_s']:.1f} s.")
     for k, why in res["missing"].items():
         lines.append(f"{k}: missing ({why}).")
     return "\n".join(lines) + "\n"
@@ -222,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="folder for model_quant.md")
     args = ap.parse_args(argv)
     res = measure(args.model, threads=args.threads, rounds=args.rounds, peers=not args.no_peer)
+    res["compile_s"] = quant_compile_seconds()
     table = write_table(res)
     print(table)
     if args.out:

@@ -25,10 +25,10 @@ Which kernel runs depends on the number of input rows ``T``:
 ========  ===================================================================
 
 Both are Numba kernels on Numba's threads. Dequantizing panels for BLAS
-(the float32 path's product) measured faster alone but slower in the
-model: Numba's and OpenBLAS's threads each spin for a while after their
-call and take the other's core (a 110-token prefill took 407-457 ms that
-way, 213-216 ms with the batch kernel; ``docs/design.md``).
+(the float32 path's product) is a little faster alone at 64 rows and more,
+but was twice as slow inside the model: Numba's and OpenBLAS's threads each
+spin for a while after their call and take the other's core
+(``docs/design.md``, "No BLAS in the quantized model").
 
 ``F32`` and ``F16`` tensors are held as a float32 ``[in, out]`` array and
 multiplied by BLAS (same interface).
