@@ -77,7 +77,9 @@ def test_repacking_round_trips_the_blocks(fmt):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(fmt=st.sampled_from(FORMATS), rows=st.integers(1, 100), nb=st.integers(1, 5),
+@given(fmt=st.sampled_from(FORMATS),
+       rows=st.one_of(st.integers(1, 100), st.sampled_from([128, 256])),   # 256: 128 lanes
+       nb=st.integers(1, 5),
        T=st.sampled_from([1, 2, FEW_ROWS, FEW_ROWS + 1, 7, 16, 17, 40]),
        threads=st.integers(1, numba.config.NUMBA_NUM_THREADS), seed=st.integers(0, 2**16))
 def test_every_kernel_equals_the_reference(fmt, rows, nb, T, threads, seed):
@@ -100,6 +102,17 @@ def test_every_kernel_equals_the_reference(fmt, rows, nb, T, threads, seed):
     assert rel_err(y, ref) < 1e-5
     np.testing.assert_array_equal(emb, w[ids])                   # same formula, exact
     np.testing.assert_array_equal(qm.dequantize(), w.T)
+
+
+@pytest.mark.parametrize("rows, lanes", [(256, 128), (192, 64), (45, 64)])
+def test_groups_are_128_rows_wide_where_the_row_count_allows(rows, lanes):
+    rng = np.random.default_rng(rows)
+    raw = file_bytes(random_matrix(rng, rows, 64), "Q4_1")
+    qm = QuantMatrix.from_blocks("Q4_1", *parse_blocks(raw, "Q4_1", rows, 64))
+    assert qm.qs.shape[3] == lanes and qm.qs.shape[0] == -(-rows // lanes)
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    ref = x.astype(np.float64) @ dequantize_raw(raw, "Q4_1", rows, 64).T.astype(np.float64)
+    assert rel_err(x @ qm, ref) < 1e-5
 
 
 def test_concat_fuses_along_outputs():

@@ -516,10 +516,12 @@ assert sm["spec_num_accepted_tokens"] > 0 and sm["steps"] < spec_runs["plain"][1
 # `spec_acceptance_rate` is accepted drafts over drafts; `spec_mean_accepted_length` is
 # the tokens a drafting step emits (1 + accepted drafts; 1.0 means no gain). Whether that
 # buys time depends on what a 1 + k row step costs. On SmolLM2-135M with 2 CPU threads
-# (`python benchmarks/spec_decode.py`, `benchmarks/spec_decode.md`) NumPy's BLAS runs a
-# product with 2 to 9 rows at about three times the time of the one-row product, not
-# "about one step"; so copying chats gain much less than their acceptance promises, and
-# the engine stops drafting for a request whose drafts keep failing.
+# (`python benchmarks/spec_decode.py`, the table "What a drafting step costs" in
+# `benchmarks/spec_decode.md`) a step of 1 + 8 rows costs several one-row steps, not
+# "about one step": the weights are read once, but each row still does its own
+# arithmetic, and two CPU cores do it about as slowly as they read the weights. So
+# copying chats gain less than their acceptance promises, and the engine stops drafting
+# for a request whose drafts keep failing.
 #
 # ## Exercise 5b: what does rollback give back?
 #

@@ -1,8 +1,9 @@
 """Numba kernels over the repacked quantized layout of :mod:`.matrix`.
 
 The layout (built once, on load): output rows are taken in groups of
-``LANES`` (64) consecutive rows, and for each group and each 32-weight block
-the 64 rows' quantized values are stored side by side::
+``LANES`` (64, or ``WIDE_LANES``, 128, where the row count allows)
+consecutive rows, and for each group and each 32-weight block the group's
+quantized values are stored side by side::
 
     Q4: qs uint8 [G, nb, 16, LANES]   byte (j, r) = row r's weight j (low nibble)
                                                     and weight j + 16 (high nibble)
@@ -10,9 +11,9 @@ the 64 rows' quantized values are stored side by side::
         d, m float32 [G, nb, LANES]   row r's block scale (and minimum)
 
 so the innermost loop runs across *rows*: one input value ``x[j]`` is
-broadcast and multiplied into 64 rows' weights at once, a SIMD multiply-add
+broadcast and multiplied into a group's rows at once, a SIMD multiply-add
 whose lanes never need to be summed together. The block's scale is then a
-vector too (64 rows' scales), applied once per block::
+vector too (the group's scales), applied once per block::
 
     y[r] = sum_b ( d[b, r] * sum_j q[b, j, r] * x[b, j]  +  m[b, r] * sum_j x[b, j] )
 
@@ -47,9 +48,12 @@ from numba import njit, prange
 from ..config import JIT_OPTIONS
 
 #: Output rows per group: the inner loop's length. LLVM vectorises it 16 float32 lanes
-#: wide, 4 vectors per iteration (64 rows); 32 rows measured 1.2-1.9x slower
-#: (``benchmarks/quant_kernels.md``).
+#: wide, 4 vectors per iteration (64 rows); every loop entry pays a fixed cost (trip
+#: count, overlap checks between the arrays), so a longer loop does better: matrices
+#: whose row count is a multiple of ``WIDE_LANES`` get 128 rows per group, the rest 64
+#: (``benchmarks/quant_kernels.md`` times 64 rows everywhere against this).
 LANES = 64
+WIDE_LANES = 128
 #: Input rows that share one dequantized block in ``*_batch`` (their accumulators:
 #: 4 KiB of L1).
 BATCH = 16
@@ -74,7 +78,7 @@ def _block_sums(x):
 def q4_rows(qs, d, m, x, y):
     """Q4 ``[G*LANES, K]`` times ``x`` float32 [T, K] (T = 1 to 16) -> ``y`` [T, G*LANES].
 
-    Parallel over row groups. A group's blocks (``nb * 16 * 64`` bytes: 18 KiB
+    Parallel over row groups. A group's blocks (``nb * 16 * LANES`` bytes: 18 KiB
     for K = 576) are read from memory once, by the first input row, and from
     L1/L2 by the others. At T = 1 this is the decode's matrix-vector product.
     """
@@ -154,12 +158,12 @@ def dequantize_q8_block(qs, d, g, b, w):
 @njit(**JIT_OPTIONS)
 def _multiply_tile(w, x, base, t0, t1, acc):
     """``acc[t - t0] += x[t, base:base+32] @ w`` for rows ``t0 <= t < t1``; ``w`` float32
-    [32, LANES] is one dequantized block of 64 output rows.
+    [32, LANES] is one dequantized block of a group's output rows.
 
     Four input rows at a time, four weights per pass: each weight vector loaded
     from the tile feeds four accumulators, and each accumulator is loaded and
-    stored once per four products (1.6x faster at 16 rows than one row and eight
-    weights per pass, 2.8x faster than one product per pass; see docs/design.md).
+    stored once per four products (``benchmarks/quant_kernels.py`` times it against
+    one row and eight weights per pass).
     """
     R = w.shape[1]
     t = t0
@@ -193,7 +197,7 @@ def q4_batch(qs, d, m, x, y):
     """Q4 times ``x`` float32 [T, K] (any T, best from 4 rows) -> ``y`` [T, G*LANES].
 
     Each block of a group is dequantized once into a float32 tile ``w`` [32, LANES]
-    (8 KiB, stays in L1) and multiplied into up to ``BATCH`` input rows, whose
+    (8 KiB at 64 lanes, stays in L1) and multiplied into up to ``BATCH`` input rows, whose
     accumulators ``acc`` [BATCH, LANES] also stay in L1: the dequantization is paid
     once per ``BATCH`` rows instead of once per row, as ``q4_rows`` pays it.
     """

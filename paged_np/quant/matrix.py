@@ -8,9 +8,10 @@ does not change; only the bytes each token reads do (Q4_1: 0.75 bytes a
 weight in memory here, 4 as float32).
 
 It holds the weights in the repacked layout of :mod:`.kernels` (rows in
-groups of 64 lanes, each block's values side by side across the group),
-built once from the file's blocks; the row count is padded to a multiple of
-32 with zero rows that the result never shows. The scales are widened from
+groups of 128 lanes when the row count is a multiple of 128, else 64, each
+block's values side by side across the group), built once from the file's
+blocks; the row count is padded to a multiple of 64 with zero rows that the
+result never shows. The scales are widened from
 float16 to float32 at load (Q4_1: 24 bytes per 32 weights here, 20 in the
 file), so the kernels do no float16 conversion.
 
@@ -71,7 +72,7 @@ class QuantMatrix:
             raise ShapeError(f"q must be [out, nb, {BLOCK}] and d, m [out, nb]; got "
                              f"{q.shape}, {d.shape}, {m.shape}")
         rows, nb = d.shape
-        R = K.LANES
+        R = K.WIDE_LANES if rows % K.WIDE_LANES == 0 else K.LANES
         G = -(-rows // R)
         pad = G * R - rows                                       # zero rows, never shown
         qp = np.pad(q, ((0, pad), (0, 0), (0, 0)))               # [G*R, nb, 32]
@@ -175,7 +176,7 @@ class QuantMatrix:
         T, out = x.shape[0], self.shape[1]
         if T == 0:
             return np.zeros((0, out), np.float32)
-        y = np.empty((T, self.qs.shape[0] * K.LANES), np.float32)    # padded rows
+        y = np.empty((T, self.qs.shape[0] * self.qs.shape[3]), np.float32)  # padded rows
         q4 = self.fmt != "Q8_0"
         if T > FEW_ROWS:
             if q4:
