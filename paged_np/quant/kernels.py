@@ -55,7 +55,7 @@ from ..config import JIT_OPTIONS
 LANES = 64
 WIDE_LANES = 128
 #: Input rows that share one dequantized block in ``*_batch`` (their accumulators:
-#: 4 KiB of L1).
+#: 4 KiB of L1 at 64 lanes).
 BATCH = 16
 
 
