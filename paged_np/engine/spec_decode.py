@@ -91,9 +91,9 @@ def propose_reference(token_ids: list, k: int, n_max: int, n_min: int) -> list[i
 #: A drafting step costs a forward over 1 + k rows and yields 1 + (accepted
 #: drafts) tokens. In principle the weights are read once either way and the
 #: wider step costs about one decode; measured on SmolLM2 at batch 1 on the
-#: file's quantized weights (benchmarks/spec_decode.md) it costs about 1.9x one
-#: at 1 + 2 rows, 2.5x at 1 + 4 and 3.5x at 1 + 8: each row still does its own
-#: arithmetic, and on 2 cores that is as slow as the weights' read. So a
+#: file's quantized weights (benchmarks/spec_decode.md) it costs about 2x one
+#: at 1 + 2 rows and 3.5x at 1 + 8: each row still does its own arithmetic,
+#: and on 2 cores that is as slow as the weights' read. So a
 #: request keeps drafting only while its drafting steps emit at least this many
 #: tokens on average (the break-even of a 2.5x step): a rule on tokens per step,
 #: not on the acceptance rate, since one draft proposed and accepted is a rate
