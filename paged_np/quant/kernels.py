@@ -29,7 +29,7 @@ Kernels (all take checked, contiguous arrays; :mod:`.matrix` validates):
   other rows (one kernel for 1 and for 3 rows: a separate matrix-vector
   kernel measured no faster, and each parallel kernel costs about 1.5 s of
   cold compile);
-- ``*_batch``: 4 or more rows (a batch of decodes, a speculative verify
+- ``batch``: 4 or more rows (a batch of decodes, a speculative verify
   step, prefill), parallel over row groups: each block is dequantized once
   into a float32 tile ``[32, LANES]`` in L1 and multiplied into up to
   ``BATCH`` rows, four rows per pass (:func:`_multiply_tile`);
@@ -193,13 +193,15 @@ def _multiply_tile(w, x, base, t0, t1, acc):
 
 
 @njit(parallel=True, **JIT_OPTIONS)
-def q4_batch(qs, d, m, x, y):
-    """Q4 times ``x`` float32 [T, K] (any T, best from 4 rows) -> ``y`` [T, G*LANES].
+def batch(qs, d, m, x, y):
+    """Q4 (``m`` its minimums) or Q8 (``m`` None) times ``x`` float32 [T, K] (any T,
+    best from 4 rows) -> ``y`` [T, G*LANES].
 
     Each block of a group is dequantized once into a float32 tile ``w`` [32, LANES]
     (8 KiB at 64 lanes, stays in L1) and multiplied into up to ``BATCH`` input rows, whose
     accumulators ``acc`` [BATCH, LANES] also stay in L1: the dequantization is paid
-    once per ``BATCH`` rows instead of once per row, as ``q4_rows`` pays it.
+    once per ``BATCH`` rows instead of once per row, as ``q4_rows`` pays it. (Numba
+    compiles one version per format: ``m is None`` is decided when it compiles.)
     """
     G, nb, _, R = qs.shape
     T = x.shape[0]
@@ -210,25 +212,10 @@ def q4_batch(qs, d, m, x, y):
             t1 = min(T, t0 + BATCH)
             acc[:] = 0.0
             for b in range(nb):
-                dequantize_q4_block(qs, d, m, g, b, w)
-                _multiply_tile(w, x, b * 32, t0, t1, acc)
-            for t in range(t0, t1):
-                y[t, g * R:(g + 1) * R] = acc[t - t0]
-
-
-@njit(parallel=True, **JIT_OPTIONS)
-def q8_batch(qs, d, x, y):
-    """Q8 times ``x`` float32 [T, K] -> ``y`` [T, G*LANES]; as :func:`q4_batch`."""
-    G, nb, _, R = qs.shape
-    T = x.shape[0]
-    for g in prange(G):
-        w = np.empty((32, R), np.float32)
-        acc = np.empty((BATCH, R), np.float32)
-        for t0 in range(0, T, BATCH):
-            t1 = min(T, t0 + BATCH)
-            acc[:] = 0.0
-            for b in range(nb):
-                dequantize_q8_block(qs, d, g, b, w)
+                if m is None:
+                    dequantize_q8_block(qs, d, g, b, w)
+                else:
+                    dequantize_q4_block(qs, d, m, g, b, w)
                 _multiply_tile(w, x, b * 32, t0, t1, acc)
             for t in range(t0, t1):
                 y[t, g * R:(g + 1) * R] = acc[t - t0]

@@ -179,10 +179,7 @@ class QuantMatrix:
         y = np.empty((T, self.qs.shape[0] * self.qs.shape[3]), np.float32)  # padded rows
         q4 = self.fmt != "Q8_0"
         if T > FEW_ROWS:
-            if q4:
-                K.q4_batch(self.qs, self.d, self.m, x, y)
-            else:
-                K.q8_batch(self.qs, self.d, x, y)
+            K.batch(self.qs, self.d, self.m, x, y)                  # m is None for Q8
         elif q4:
             K.q4_rows(self.qs, self.d, self.m, x, y)
         else:
