@@ -101,4 +101,9 @@ def test_eval_repeats_every_run_on_each_weight_format(tmp_path):
     ref, int8, q_ref, q_int8 = runs
     assert abs(q_ref["perplexity"] / ref["perplexity"] - 1) < 1e-4
     assert q_ref["kl_mean"] < 1e-6 and q_ref["top1"] == 1.0
-    assert abs(q_int8["perplexity"] / int8["perplexity"] - 1) < 1e-3
+    # 8-bit pages round each K/V value to a code: the 1e-7 that another summation order
+    # moves a value flips the codes that sat on a rounding boundary, so the two int8 runs
+    # are not equal; what int8 costs must agree on both weight formats within half of it.
+    cost = int8["perplexity"] / ref["perplexity"] - 1
+    q_cost = q_int8["perplexity"] / q_ref["perplexity"] - 1
+    assert cost > 0 and abs(q_cost - cost) < 0.5 * cost
