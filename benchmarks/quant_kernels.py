@@ -80,10 +80,7 @@ def one_row_batch(x, qm):
 def rows_only(x, qm):
     """``x @ qm`` through the ``rows`` kernel whatever T is."""
     y = np.empty((x.shape[0], qm.qs.shape[0] * qm.qs.shape[3]), np.float32)
-    if qm.fmt == "Q8_0":
-        K.q8_rows(qm.qs, qm.d, x, y)
-    else:
-        K.q4_rows(qm.qs, qm.d, qm.m, x, y)
+    K.rows(qm.qs, qm.d, qm.m, x, y)
     return y
 
 

@@ -39,26 +39,21 @@ def test_eval_prints_and_writes_the_dense_perplexity(tmp_path, capsys):
     assert data["runs"][3]["pages_per_mib"] == pytest.approx(4 * data["runs"][0]["pages_per_mib"])
 
 
-@pytest.mark.parametrize("sweep", ["nonsense=1,2", "page_size", "page_size=0", "num_pages=x"])
-def test_bad_sweep_is_refused_before_loading(sweep, capsys):
+@pytest.mark.parametrize("flag, value", [
+    ("--sweep", "nonsense=1,2"), ("--sweep", "page_size"), ("--sweep", "page_size=0"),
+    ("--sweep", "num_pages=x"),
+    ("--weights", ""), ("--weights", "float32,int4"), ("--weights", "gguf;none")])
+def test_a_bad_sweep_or_weights_is_refused_before_loading(flag, value, capsys):
     with pytest.raises(SystemExit) as e:
-        eval_cli.main(["--model", "no-such-model", "--sweep", sweep])
+        eval_cli.main(["--model", "no-such-model", flag, value])
     assert e.value.code == 2
-    assert "--sweep" in capsys.readouterr().err
+    assert flag in capsys.readouterr().err
 
 
 def test_a_cache_too_small_for_the_slice_fails_with_the_reason(capsys):
     assert eval_cli.main(["--model", "tiny-random", "--num-tokens", "40", "--num-pages", "2",
                           "--page-size", "4", "--backend", "numpy"]) == 1
     assert "can never fit" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("weights", ["", "float32,int4", "gguf;none"])
-def test_bad_weights_are_refused_before_loading(weights, capsys):
-    with pytest.raises(SystemExit) as e:
-        eval_cli.main(["--model", "no-such-model", "--weights", weights])
-    assert e.value.code == 2
-    assert "--weights" in capsys.readouterr().err
 
 
 def test_weights_on_the_tiny_model_are_refused(capsys):

@@ -263,14 +263,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp and transformers")
     ap.add_argument("--out", default=None, help="folder for model_quant.md")
     args = ap.parse_args(argv)
-    res = measure(args.model, threads=args.threads, rounds=args.rounds, peers=not args.no_peer)
+    report(args.model, args.threads, args.rounds, not args.no_peer, args.out)
+    return 0
+
+
+def report(name: str, threads: int, rounds: int, peers: bool, out: str | None) -> str:
+    """Measure, add the cold compile, print the table and write ``out/model_quant.md``."""
+    res = measure(name, threads=threads, rounds=rounds, peers=peers)
     res["compile_s"] = quant_compile_seconds()
     table = write_table(res)
-    print(table)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "model_quant.md").write_text(table)
-    return 0
+    print(table, flush=True)
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "model_quant.md").write_text(table)
+    return table
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
     from ..models import load_model
     from ..models.blas import pinned_threads
     from .bench_model import hf_peer
-    from .bench_quant import measure, quant_compile_seconds, write_table
+    from .bench_quant import report
 
     ap = argparse.ArgumentParser(prog="python -m paged_np bench --model NAME",
                                  description=__doc__.split("\n")[0])
@@ -111,12 +111,7 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
 
     if not args.skip_decode:
-        res = measure(args.model, threads=args.threads, peers=not args.no_peer)
-        res["compile_s"] = quant_compile_seconds()
-        print(write_table(res), flush=True)
-        if args.out:
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            (Path(args.out) / "model_quant.md").write_text(write_table(res))
+        report(args.model, args.threads, 3, not args.no_peer, args.out)
     quant, tok = load_model(args.model)
     f32, _ = load_model(args.model, quantization=None)
     rows = [f"# {args.model}: serving", "",

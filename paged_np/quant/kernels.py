@@ -23,7 +23,7 @@ the vectorisation: 2 GB/s instead of the memory's 10-20.)
 
 Kernels (all take checked, contiguous arrays; :mod:`.matrix` validates):
 
-- ``*_rows``: 1-3 input rows (decode at batch 1, a few decodes), parallel
+- ``rows``: 1-3 input rows (decode at batch 1, a few decodes), parallel
   over row groups: each row decodes the group's bytes as it multiplies, and
   the group's blocks come from memory once per call, from cache for the
   other rows (one kernel for 1 and for 3 rows: a separate matrix-vector
@@ -74,17 +74,52 @@ def _block_sums(x):
     return xs
 
 
-@njit(parallel=True, **JIT_OPTIONS)
-def q4_rows(qs, d, m, x, y):
-    """Q4 ``[G*LANES, K]`` times ``x`` float32 [T, K] (T = 1 to 16) -> ``y`` [T, G*LANES].
+@njit(inline="always", **JIT_OPTIONS)                  # inlined into rows: no call per block
+def dot_q4_block(qs, g, b, x, t, s):
+    """``s[r] += sum_j q[g, b, j, r] * x[t, 32 b + j]`` over one Q4 block's 32 weights.
 
-    Parallel over row groups. A group's blocks (``nb * 16 * LANES`` bytes: 18 KiB
-    for K = 576) are read from memory once, by the first input row, and from
-    L1/L2 by the others. At T = 1 this is the decode's matrix-vector product.
+    Each byte holds weights ``j`` (low nibble) and ``j + 16`` (high): byte = lo + 16 hi,
+    so lo x_l + hi x_h = lo (x_l - x_h/16) + byte x_h/16, which needs no shift
+    (measured 1.2-1.5x faster than the plain form).
+    """
+    base = b * 32
+    for j in range(16):
+        xh = x[t, base + 16 + j] * np.float32(0.0625)
+        xl = x[t, base + j] - xh
+        row = qs[g, b, j]
+        for r in range(row.shape[0]):
+            q = row[r]
+            s[r] += np.float32(q & np.uint8(15)) * xl + np.float32(q) * xh
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def dot_q8_block(qs, g, b, x, t, s):
+    """``s[r] += sum_j q[g, b, j, r] * x[t, 32 b + j]`` over one Q8 block's 32 weights."""
+    base = b * 32
+    for j in range(32):
+        xj = x[t, base + j]
+        row = qs[g, b, j]
+        for r in range(row.shape[0]):
+            s[r] += np.float32(row[r]) * xj
+
+
+@njit(parallel=True, **JIT_OPTIONS)
+def rows(qs, d, m, x, y):
+    """Q4 (``m`` its minimums) or Q8 (``m`` None) times ``x`` float32 [T, K] (T = 1 to 3)
+    -> ``y`` [T, G*LANES].
+
+    Parallel over row groups. A group's blocks (``nb * 16 * LANES`` bytes for Q4: 18 KiB
+    for K = 576 at 64 lanes) are read from memory once, by the first input row, and
+    from L1/L2 by the others. At T = 1 this is the decode's matrix-vector product. Per
+    block, the 32 products are summed in ``s`` and then scaled: ``d s`` (+ ``m`` times
+    the block's sum of x, for Q4).
     """
     G, nb, _, R = qs.shape
     T = x.shape[0]
-    xs = _block_sums(x)
+    if m is None:
+        xs = np.zeros((0, 0), np.float32)
+    else:
+        xs = _block_sums(x)                                      # [T, nb]: Q4's m term
     for g in prange(G):
         acc = np.empty(R, np.float32)
         s = np.empty(R, np.float32)
@@ -92,44 +127,16 @@ def q4_rows(qs, d, m, x, y):
             acc[:] = 0.0
             for b in range(nb):
                 s[:] = 0.0
-                base = b * 32
-                for j in range(16):
-                    # byte = lo + 16 hi, so lo x_l + hi x_h = lo (x_l - x_h/16) + byte x_h/16:
-                    # no shift (measured 1.2-1.5x faster than the plain form).
-                    xh = x[t, base + 16 + j] * np.float32(0.0625)
-                    xl = x[t, base + j] - xh
-                    row = qs[g, b, j]
-                    for r in range(R):
-                        q = row[r]
-                        s[r] += np.float32(q & np.uint8(15)) * xl + np.float32(q) * xh
-                db, mb, xb = d[g, b], m[g, b], xs[t, b]
-                for r in range(R):
-                    acc[r] += db[r] * s[r] + mb[r] * xb
-            y[t, g * R:(g + 1) * R] = acc
-
-
-@njit(parallel=True, **JIT_OPTIONS)
-def q8_rows(qs, d, x, y):
-    """Q8 times ``x`` float32 [T, K] (T = 1 to 16) -> ``y`` [T, G*LANES]; a group's
-    blocks are read from memory once and from cache by the other rows."""
-    G, nb, _, R = qs.shape
-    T = x.shape[0]
-    for g in prange(G):
-        acc = np.empty(R, np.float32)
-        s = np.empty(R, np.float32)
-        for t in range(T):
-            acc[:] = 0.0
-            for b in range(nb):
-                s[:] = 0.0
-                base = b * 32
-                for j in range(32):
-                    xj = x[t, base + j]
-                    row = qs[g, b, j]
-                    for r in range(R):
-                        s[r] += np.float32(row[r]) * xj
                 db = d[g, b]
-                for r in range(R):
-                    acc[r] += db[r] * s[r]
+                if m is None:
+                    dot_q8_block(qs, g, b, x, t, s)
+                    for r in range(R):
+                        acc[r] += db[r] * s[r]
+                else:
+                    dot_q4_block(qs, g, b, x, t, s)
+                    mb, xb = m[g, b], xs[t, b]
+                    for r in range(R):
+                        acc[r] += db[r] * s[r] + mb[r] * xb
             y[t, g * R:(g + 1) * R] = acc
 
 
@@ -200,7 +207,7 @@ def batch(qs, d, m, x, y):
     Each block of a group is dequantized once into a float32 tile ``w`` [32, LANES]
     (8 KiB at 64 lanes, stays in L1) and multiplied into up to ``BATCH`` input rows, whose
     accumulators ``acc`` [BATCH, LANES] also stay in L1: the dequantization is paid
-    once per ``BATCH`` rows instead of once per row, as ``q4_rows`` pays it. (Numba
+    once per ``BATCH`` rows instead of once per row, as ``rows`` pays it. (Numba
     compiles one version per format: ``m is None`` is decided when it compiles.)
     """
     G, nb, _, R = qs.shape

@@ -177,13 +177,8 @@ class QuantMatrix:
         if T == 0:
             return np.zeros((0, out), np.float32)
         y = np.empty((T, self.qs.shape[0] * self.qs.shape[3]), np.float32)  # padded rows
-        q4 = self.fmt != "Q8_0"
-        if T > FEW_ROWS:
-            K.batch(self.qs, self.d, self.m, x, y)                  # m is None for Q8
-        elif q4:
-            K.q4_rows(self.qs, self.d, self.m, x, y)
-        else:
-            K.q8_rows(self.qs, self.d, x, y)
+        kernel = K.batch if T > FEW_ROWS else K.rows
+        kernel(self.qs, self.d, self.m, x, y)                    # m is None for Q8
         return y if y.shape[1] == out else np.ascontiguousarray(y[:, :out])
 
     def __getitem__(self, ids) -> np.ndarray:
