@@ -99,7 +99,10 @@ def test_every_kernel_equals_the_reference(fmt, rows, nb, T, threads, seed):
         numba.set_num_threads(old)
     ref = x.astype(np.float64) @ w.T.astype(np.float64)
     assert y.shape == (T, rows) and y.dtype == np.float32
-    assert rel_err(y, ref) < 1e-5
+    # float32 sums of 32 nb products: the error scales with the products' size, not with
+    # the result (a sum that cancels to 0.38 from terms of 3 is as right as it gets).
+    scale = np.abs(x.astype(np.float64)) @ np.abs(w.T.astype(np.float64))
+    assert np.abs(y - ref).max() / scale.max() < 1e-5
     np.testing.assert_array_equal(emb, w[ids])                   # same formula, exact
     np.testing.assert_array_equal(qm.dequantize(), w.T)
 
