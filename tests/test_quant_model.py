@@ -76,6 +76,19 @@ def test_real_file_stays_quantized_in_under_160_mib():
     assert model.nbytes <= 160 * 2**20, model.nbytes / 2**20
 
 
+def test_real_file_with_int8_activations_keeps_the_blocks_and_the_answer():
+    # gguf_a8 holds the same blocks (same bytes, another layout) and answers close to gguf.
+    model, tok = pnp.load_model("smollm2-135m-instruct", quantization="gguf_a8")
+    ref, _ = pnp.load_model("smollm2-135m-instruct")
+    assert model.wqkv[0].int8_activations and model.w["embed"].int8_activations
+    assert model.num_parameters == ref.num_parameters
+    assert abs(model.nbytes - ref.nbytes) < 0.05 * ref.nbytes
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is 2+2?"}]))
+    a, b = model.dense_logits(ids)[-1], ref.dense_logits(ids)[-1]
+    assert int(np.argmax(a)) == int(np.argmax(b))
+    assert 0 < np.abs(a - b).max() < 0.05 * np.abs(b).max()     # int8 inputs: close, not equal
+
+
 def test_real_file_as_float32_still_equals_transformers():
     model, tok = pnp.load_model("smollm2-135m-instruct", quantization=None)
     assert not model.quantized and model.nbytes > 500 * 2**20

@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="one run per value of an EngineConfig field (repeatable)")
     ap.add_argument("--weights", default=None, metavar="F1,F2",
                     help="weight formats, each a load_model quantization: none (float32), "
-                         "gguf (the file's blocks), q8_0; the first is the reference's "
+                         "gguf (the file's blocks), gguf_a8 (the same, int8 inputs), q8_0; "
+                         "the first is the reference's "
                          "(default: load_model's default)")
     ap.add_argument("--json", default=None, metavar="PATH", help="also write the results here")
     add_engine_args(ap, defaults=EVAL_DEFAULTS)
@@ -87,7 +88,8 @@ def runs_from_args(args, parser) -> list:
     return runs
 
 
-WEIGHT_FORMATS = {"none": None, "float32": None, "gguf": "gguf", "q8_0": "q8_0"}
+WEIGHT_FORMATS = {"none": None, "float32": None, "gguf": "gguf", "gguf_a8": "gguf_a8",
+                  "q8_0": "q8_0"}
 
 
 def weight_formats(args, parser) -> list:

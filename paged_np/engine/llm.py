@@ -106,7 +106,8 @@ class LLM:
     config : an :class:`~paged_np.config.EngineConfig`, optional.
     quantization : how a loaded checkpoint's weights are held: ``"gguf"`` (default:
         a ``.gguf`` file's quantized blocks, multiplied by :mod:`paged_np.quant`),
-        ``None`` (float32) or ``"q8_0"`` (quantize on load); see
+        ``"gguf_a8"`` (the same blocks times int8-quantized inputs, llama.cpp's
+        arithmetic), ``None`` (float32) or ``"q8_0"`` (quantize on load); see
         :func:`paged_np.load_model`. Ignored for a model object.
     **options : any engine option, by its EngineConfig field name:
         ``kv_cache_memory`` (bytes, an int or ``"256MiB"``, the default) or

@@ -21,7 +21,13 @@ import numpy as np
 from ..errors import DTypeError, ModelLoadError
 from ..registry import model_class
 from .llama import ForwardBatch, LlamaModel
-from .quantized import QUANTIZATIONS, check_quantization, quantize_weights
+from .quantized import (
+    QUANTIZATIONS,
+    check_quantization,
+    is_quantized,
+    quantize_weights,
+    with_int8_activations,
+)
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 
@@ -32,12 +38,15 @@ def load_model(name_or_path, dtype=np.float32,
     ``name_or_path`` is a known name (``"smollm2-135m-instruct"``, fetched into
     ``PAGED_NP_HOME`` on first use), a ``.gguf`` file, or a Hugging Face model
     directory (``config.json``, ``*.safetensors``, ``tokenizer.json``).
-    ``quantization`` says how the weights are held (compute is float32 either way,
-    ``dtype`` must be float32):
+    ``quantization`` says how the weights are held (``dtype`` must be float32; compute
+    is float32 but for ``"gguf_a8"``'s integer products):
 
     - ``"gguf"`` (default): a ``.gguf`` file's quantized tensors stay as the file's
       blocks (Q8_0, Q4_0, Q4_1) and are multiplied by :mod:`paged_np.quant`'s
       kernels; a Hugging Face directory (no blocks) loads as float32;
+    - ``"gguf_a8"``: the file's blocks, and each product's input quantized to int8 per
+      32-value block, as llama.cpp multiplies (:mod:`paged_np.quant.int8`: integer dot
+      products, about 4x fewer instructions; the input's rounding is the price);
     - ``None``: dequantize everything to float32 (BLAS), as before;
     - ``"q8_0"``: quantize float weights to Q8_0 on load (llama.cpp's rule).
 
@@ -64,7 +73,7 @@ def load_model(name_or_path, dtype=np.float32,
         cfg, weights, tokenizer = load_hf(path)
     elif path.is_file() and path.suffix == ".gguf":
         cfg, weights, tokenizer = load_gguf(
-            path, quantization="gguf" if quantization == "gguf" else None)
+            path, quantization="gguf" if quantization in ("gguf", "gguf_a8") else None)
     elif path.is_file():
         raise ModelLoadError(f"{path}: not a .gguf file; pass a .gguf file or a Hugging Face "
                              "model directory")
@@ -73,6 +82,8 @@ def load_model(name_or_path, dtype=np.float32,
                              f"model name (known: {', '.join(KNOWN_MODELS)})")
     if quantization == "q8_0":
         weights = quantize_weights(weights)
+    if quantization == "gguf_a8" and is_quantized(weights):
+        weights = with_int8_activations(weights)
     model = model_class(cfg.architecture)(cfg, weights)           # the registry's table
     del weights                                                  # the model holds its own copy
     _return_freed_memory()

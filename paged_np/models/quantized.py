@@ -23,7 +23,7 @@ from ..errors import InvalidArgument, ShapeError
 from ..quant import BLOCK, QuantMatrix
 
 #: Values of ``quantization`` that :func:`paged_np.load_model` and :class:`paged_np.LLM` take.
-QUANTIZATIONS = ("gguf", "q8_0", None)
+QUANTIZATIONS = ("gguf", "gguf_a8", "q8_0", None)
 
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
@@ -59,6 +59,16 @@ def quantize_weights(weights: dict) -> dict:
         else:
             out[name] = [QuantMatrix.from_float(wi) for wi in w]
     return out
+
+
+def with_int8_activations(weights: dict) -> dict:
+    """Quantized weights -> the same blocks multiplied with int8 inputs
+    (:mod:`paged_np.quant.int8`; ``quantization="gguf_a8"``). Float values stay."""
+    def convert(w):
+        if isinstance(w, list):
+            return [convert(m) for m in w]
+        return w.with_int8_activations() if isinstance(w, QuantMatrix) else w
+    return {name: convert(w) for name, w in weights.items()}
 
 
 def check_quantized(shapes: dict, weights: dict) -> None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import DTypeError, IndexOutOfRange, ShapeError
+from . import int8 as I8
 from . import kernels as K
 from .blocks import BLOCK, FLOAT_FORMATS, QUANT_FORMATS, dequantize_blocks
 
@@ -57,20 +58,28 @@ class QuantMatrix:
 
     __array_ufunc__ = None                                       # ndarray @ qm -> __rmatmul__
 
-    def __init__(self, fmt: str, shape: tuple, qs=None, d=None, m=None, dense=None):
+    def __init__(self, fmt: str, shape: tuple, qs=None, d=None, m=None, dense=None,
+                 int8_activations: bool = False):
         self.fmt, self.shape = fmt, (int(shape[0]), int(shape[1]))   # (in, out)
         self.qs, self.d, self.m, self._dense = qs, d, m, dense
+        #: True: ``qs`` is :mod:`.int8`'s layout and ``x @ self`` quantizes ``x`` to int8.
+        self.int8_activations = bool(int8_activations)
 
     # ----------------------------------------------------------------- building
     @classmethod
-    def from_blocks(cls, fmt: str, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> QuantMatrix:
+    def from_blocks(cls, fmt: str, q: np.ndarray, d: np.ndarray, m: np.ndarray,
+                    int8_activations: bool = False) -> QuantMatrix:
         """Repack ``q`` ``[out, nb, 32]``, ``d`` and ``m`` ``[out, nb]`` (from
-        :func:`~paged_np.quant.blocks.parse_blocks`) into the kernels' layout."""
+        :func:`~paged_np.quant.blocks.parse_blocks`) into the kernels' layout
+        (``int8_activations``: :mod:`.int8`'s layout, multiplied with int8 inputs)."""
         if fmt not in QUANT_FORMATS:
             raise DTypeError(f"fmt must be one of {tuple(QUANT_FORMATS)}, got {fmt!r}")
         if q.ndim != 3 or q.shape[2] != BLOCK or d.shape != q.shape[:2] or m.shape != d.shape:
             raise ShapeError(f"q must be [out, nb, {BLOCK}] and d, m [out, nb]; got "
                              f"{q.shape}, {d.shape}, {m.shape}")
+        if int8_activations:
+            return cls(fmt, (d.shape[1] * BLOCK, d.shape[0]), *_int8_layout(fmt, q, d, m),
+                       int8_activations=True)
         rows, nb = d.shape
         R = K.WIDE_LANES if rows % K.WIDE_LANES == 0 else K.LANES
         G = -(-rows // R)
@@ -114,6 +123,8 @@ class QuantMatrix:
         """Back to the file's order: ``(q [out, nb, 32], d, m [out, nb])`` (quantized formats)."""
         if self._dense is not None:
             raise DTypeError(f"blocks: a {self.fmt} matrix has no quantized blocks")
+        if self.int8_activations:
+            return _int8_blocks(self)
         G, nb, _, R = self.qs.shape
         rows = self.shape[1]
         if self.fmt == "Q8_0":
@@ -137,7 +148,7 @@ class QuantMatrix:
         if len(fmts) == 1 and parts[0].fmt in QUANT_FORMATS:
             q, d, m = zip(*(p.blocks() for p in parts))
             return QuantMatrix.from_blocks(parts[0].fmt, np.concatenate(q), np.concatenate(d),
-                                           np.concatenate(m))
+                                           np.concatenate(m), parts[0].int8_activations)
         return QuantMatrix.dense(np.concatenate([p.dequantize() for p in parts], axis=1))
 
     # --------------------------------------------------------------- reading
@@ -162,7 +173,15 @@ class QuantMatrix:
         return w if dtype is None else w.astype(dtype)
 
     def __repr__(self) -> str:
-        return f"QuantMatrix({self.fmt}, in={self.shape[0]}, out={self.shape[1]})"
+        a8 = ", int8 activations" if self.int8_activations else ""
+        return f"QuantMatrix({self.fmt}, in={self.shape[0]}, out={self.shape[1]}{a8})"
+
+    def with_int8_activations(self) -> QuantMatrix:
+        """The same blocks in :mod:`.int8`'s layout (inputs quantized to int8 when
+        multiplied); float32 (F32/F16) matrices come back unchanged."""
+        if self._dense is not None or self.int8_activations:
+            return self
+        return QuantMatrix.from_blocks(self.fmt, *self.blocks(), int8_activations=True)
 
     # --------------------------------------------------------------- multiply
     def __rmatmul__(self, x) -> np.ndarray:
@@ -176,6 +195,10 @@ class QuantMatrix:
         T, out = x.shape[0], self.shape[1]
         if T == 0:
             return np.zeros((0, out), np.float32)
+        if self.int8_activations:
+            y = np.empty((T, self.qs.shape[0] * I8.ROWS), np.float32)    # padded rows
+            I8.matmul(self.qs, self.d, self.m, x, y)
+            return y if y.shape[1] == out else np.ascontiguousarray(y[:, :out])
         y = np.empty((T, self.qs.shape[0] * self.qs.shape[3]), np.float32)  # padded rows
         kernel = K.batch if T > FEW_ROWS else K.rows
         kernel(self.qs, self.d, self.m, x, y)                    # m is None for Q8
@@ -190,11 +213,45 @@ class QuantMatrix:
         if self._dense is not None:
             return self._dense.T[ids]
         out = np.empty((ids.size, self.shape[0]), np.float32)
-        if self.fmt == "Q8_0":
+        if self.int8_activations:
+            I8.embed(self.qs, self.d, self.m, ids, out)
+        elif self.fmt == "Q8_0":
             K.q8_embed(self.qs, self.d, ids, out)
         else:
             K.q4_embed(self.qs, self.d, self.m, ids, out)
         return out
+
+
+def _int8_layout(fmt: str, q, d, m):
+    """``(q, d, m)`` blocks -> :mod:`.int8`'s ``(qv, d, m)``: rows padded to chunks of 16."""
+    rows, nb = d.shape
+    C = -(-rows // I8.ROWS)
+    pad = ((0, C * I8.ROWS - rows), (0, 0))
+    q = np.pad(q, pad + ((0, 0),)).reshape(C, I8.ROWS, nb, BLOCK)  # [C, 16, nb, 32]
+    if fmt == "Q8_0":
+        codes = (q.astype(np.int16) + 128).astype(np.uint8)       # u = q + 128
+        qv = codes.reshape(C, I8.ROWS, nb, 8, 4).transpose(0, 2, 3, 1, 4)
+        m16 = np.zeros((0, 0, 0), np.float32)                     # -128 d, computed
+    else:
+        packed = (q[..., :16] | (q[..., 16:] << 4)).astype(np.uint8)  # [C, 16, nb, 16]
+        qv = packed.reshape(C, I8.ROWS, nb, 4, 4).transpose(0, 2, 3, 1, 4)
+        m16 = np.ascontiguousarray(np.pad(m.astype(np.float32), pad)
+                                   .reshape(C, I8.ROWS, nb).transpose(0, 2, 1))
+    d16 = np.ascontiguousarray(np.pad(d.astype(np.float32), pad)
+                               .reshape(C, I8.ROWS, nb).transpose(0, 2, 1))
+    return np.ascontiguousarray(qv), d16, m16
+
+
+def _int8_blocks(qm: QuantMatrix):
+    """Inverse of :func:`_int8_layout`: ``(q [out, nb, 32], d, m [out, nb])``."""
+    C, nb, Q = qm.qs.shape[:3]
+    rows = qm.shape[1]
+    u = qm.qs.transpose(0, 3, 1, 2, 4).reshape(C * I8.ROWS, nb, Q * 4)[:rows]
+    d = qm.d.transpose(0, 2, 1).reshape(C * I8.ROWS, nb)[:rows]
+    if qm.fmt == "Q8_0":
+        return (u.astype(np.int16) - 128).astype(np.int8), d, np.zeros_like(d)
+    m = qm.m.transpose(0, 2, 1).reshape(C * I8.ROWS, nb)[:rows]
+    return np.concatenate([u & 0x0F, u >> 4], axis=2), d, m
 
 
 def _check_x(x, k: int) -> np.ndarray:

@@ -1,0 +1,202 @@
+"""Quantized weights times int8 activations: integer dot products, as llama.cpp multiplies.
+
+The float kernels of :mod:`.kernels` turn every weight back into a float32
+and multiply it by a float32 input. This module quantizes the *input* too:
+each 32-value block of each input row becomes 32 int8 codes and one float32
+scale (``x ~ xd * xq``, ``xd = max|x| / 127``, the Q8_0 rule), and a weight
+block times an input block is then a sum of 32 integer products, exact in
+int32, scaled once::
+
+    sum_j w_j x_j  ~  d xd sum_j u_j xq_j  +  m xd sum_j xq_j
+
+with the weight block ``w_j = d u_j + m``: Q4_1 has codes ``u`` 0..15 and a
+minimum ``m``; Q8_0 codes ``q`` -128..127 are stored as ``u = q + 128`` with
+``m = -128 d``, so both formats are the same formula and the unsigned codes
+suit the instruction. One ``vpdpbusd`` (:mod:`.simd`) does 64 of those
+products, four per lane, where float32 does 16: with more than a few input
+rows (a speculative verify step, prefill) the products were the bound, and
+this cuts them by about four. The price is the input's rounding: about
+0.4% of each block's largest value, measured as perplexity and KL against
+float32 in ``benchmarks/perplexity.py`` (``--weights gguf_a8``).
+
+Layout (built once on load by :class:`.matrix.QuantMatrix`, ``int8_activations``):
+output rows in chunks of 16 (one vector's lanes), and in each chunk's block
+the codes for 4 consecutive inputs of a row side by side, as the
+instruction reads them::
+
+    qv uint8 [C, nb, Q, 16, 4]   Q4 (Q = 4): byte (c, r, i) holds row r's codes of
+                                 inputs 4c + i (low nibble) and 16 + 4c + i (high)
+                                 Q8 (Q = 8): byte (c, r, i) = row r's code of 4c + i, + 128
+    d, m float32 [C, nb, 16]     scale and minimum (Q8: m empty, -128 d computed)
+
+Every row's result is computed by the same instructions in the same order,
+whether it came alone or with 15 others, four at a time or one: a row's
+numbers do not depend on the batch (:mod:`.simd`: exact fma, no fast-math).
+So a speculative verify step scores its drafts with exactly the numbers
+one-token decoding would have produced.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ..config import BOUNDSCHECK, JIT_OPTIONS
+from .simd import (
+    broadcast4,
+    dot4,
+    fma,
+    high_nibbles,
+    load_f32,
+    load_u8x64,
+    low_nibbles,
+    mul,
+    splat,
+    store_f32,
+    to_f32,
+    zeros_f32,
+    zeros_i32,
+)
+
+#: No fastmath here: the vector code's float operations are exact IEEE ones, so a row's
+#: result does not depend on how many rows came with it.
+OPTIONS = dict(cache=not BOUNDSCHECK, nogil=True, boundscheck=BOUNDSCHECK)
+#: Output rows per chunk: the lanes of one vector.
+ROWS = 16
+
+
+@njit(**OPTIONS)
+def quantize_rows(x):
+    """float32 ``x`` [T, K] -> int8 codes [T, K], scales ``xd`` and ``xs = xd * sum(codes)``
+    [T, K/32] per 32-value block (Q8_0's rule: ``xd = max|x| / 127``, codes rounded to
+    nearest, ties to even)."""
+    T, K = x.shape
+    nb = K // 32
+    xq = np.empty((T, K), np.int8)
+    xd = np.empty((T, nb), np.float32)
+    xs = np.empty((T, nb), np.float32)
+    for t in range(T):
+        for b in range(nb):
+            amax = np.float32(0.0)
+            for j in range(b * 32, b * 32 + 32):
+                amax = max(amax, abs(x[t, j]))
+            d = amax / np.float32(127.0)
+            inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
+            total = 0
+            for j in range(b * 32, b * 32 + 32):
+                q = int(np.rint(x[t, j] * inv))
+                xq[t, j] = q
+                total += q
+            xd[t, b] = d
+            xs[t, b] = d * np.float32(total)
+    return xq, xd, xs
+
+
+@njit(inline="always", **OPTIONS)
+def _block(qf, o, Q, xf, xo, acc):
+    """One row's integer sums over one block: ``acc[r] += sum_j u[r, j] xq[j]``."""
+    if Q == 4:
+        for c in range(4):
+            v = load_u8x64(qf, o + 64 * c)
+            acc = dot4(acc, low_nibbles(v), broadcast4(xf, xo + 4 * c))
+            acc = dot4(acc, high_nibbles(v), broadcast4(xf, xo + 16 + 4 * c))
+    else:
+        for c in range(8):
+            acc = dot4(acc, load_u8x64(qf, o + 64 * c), broadcast4(xf, xo + 4 * c))
+    return acc
+
+
+@njit(inline="always", **OPTIONS)
+def _block4(qf, o, Q, xf, xo, K, a0, a1, a2, a3):
+    """:func:`_block` for four rows ``K`` apart: each code vector unpacked once, used 4x."""
+    if Q == 4:
+        for c in range(4):
+            v = load_u8x64(qf, o + 64 * c)
+            lo, hi = low_nibbles(v), high_nibbles(v)
+            j, h = xo + 4 * c, xo + 16 + 4 * c
+            a0 = dot4(dot4(a0, lo, broadcast4(xf, j)), hi, broadcast4(xf, h))
+            a1 = dot4(dot4(a1, lo, broadcast4(xf, j + K)), hi, broadcast4(xf, h + K))
+            a2 = dot4(dot4(a2, lo, broadcast4(xf, j + 2 * K)), hi, broadcast4(xf, h + 2 * K))
+            a3 = dot4(dot4(a3, lo, broadcast4(xf, j + 3 * K)), hi, broadcast4(xf, h + 3 * K))
+    else:
+        for c in range(8):
+            v = load_u8x64(qf, o + 64 * c)
+            j = xo + 4 * c
+            a0 = dot4(a0, v, broadcast4(xf, j))
+            a1 = dot4(a1, v, broadcast4(xf, j + K))
+            a2 = dot4(a2, v, broadcast4(xf, j + 2 * K))
+            a3 = dot4(a3, v, broadcast4(xf, j + 3 * K))
+    return a0, a1, a2, a3
+
+
+@njit(inline="always", **OPTIONS)
+def _scale(acc, dv, mv, xd, xs, f):
+    """``f + m xs + d (xd acc)``: one row's block added to its float32 result, always in
+    this order (the bits do not depend on the batch)."""
+    return fma(dv, mul(to_f32(acc), splat(xd)), fma(mv, splat(xs), f))
+
+
+@njit(parallel=True, **OPTIONS)
+def matmul(qv, d, m, x, y):
+    """``y`` [T, C*16] = ``x`` float32 [T, K] times the weights ``(qv, d, m)`` (layout
+    above), the input quantized to int8 first. Parallel over 16-row chunks; in each,
+    input rows four at a time (a code vector unpacked once for four rows), the rest one
+    by one."""
+    C, nb, Q = qv.shape[0], qv.shape[1], qv.shape[2]
+    T, K = x.shape
+    xq, xd, xs = quantize_rows(x)
+    qf, df, mf = qv.reshape(-1), d.reshape(-1), m.reshape(-1)
+    xf, yf = xq.reshape(-1), y.reshape(-1)
+    N = C * ROWS                                                 # y's row length
+    step = Q * 64                                                # code bytes per chunk block
+    minus128 = splat(np.float32(-128.0))
+    for c in prange(C):
+        t = 0
+        while t < T:
+            if t + 4 <= T:
+                f0, f1, f2, f3 = zeros_f32(), zeros_f32(), zeros_f32(), zeros_f32()
+                for b in range(nb):
+                    cb = c * nb + b
+                    z = zeros_i32()
+                    a0, a1, a2, a3 = _block4(qf, cb * step, Q, xf, t * K + 32 * b, K, z, z, z, z)
+                    dv = load_f32(df, cb * ROWS)
+                    mv = mul(dv, minus128) if Q == 8 else load_f32(mf, cb * ROWS)
+                    f0 = _scale(a0, dv, mv, xd[t, b], xs[t, b], f0)
+                    f1 = _scale(a1, dv, mv, xd[t + 1, b], xs[t + 1, b], f1)
+                    f2 = _scale(a2, dv, mv, xd[t + 2, b], xs[t + 2, b], f2)
+                    f3 = _scale(a3, dv, mv, xd[t + 3, b], xs[t + 3, b], f3)
+                store_f32(yf, t * N + c * ROWS, f0)
+                store_f32(yf, (t + 1) * N + c * ROWS, f1)
+                store_f32(yf, (t + 2) * N + c * ROWS, f2)
+                store_f32(yf, (t + 3) * N + c * ROWS, f3)
+                t += 4
+            else:
+                f = zeros_f32()
+                for b in range(nb):
+                    cb = c * nb + b
+                    a = _block(qf, cb * step, Q, xf, t * K + 32 * b, zeros_i32())
+                    dv = load_f32(df, cb * ROWS)
+                    mv = mul(dv, minus128) if Q == 8 else load_f32(mf, cb * ROWS)
+                    f = _scale(a, dv, mv, xd[t, b], xs[t, b], f)
+                store_f32(yf, t * N + c * ROWS, f)
+                t += 1
+
+
+@njit(**JIT_OPTIONS)                  # as kernels' *_embed, contracted alike: the same bits
+def embed(qv, d, m, ids, out):
+    """Rows ``ids`` (checked: 0 <= id < rows) of the weights -> ``out`` float32 [T, K]:
+    ``d u + m`` (Q4) or ``d (u - 128)`` (Q8), the float kernels' values exactly."""
+    nb, Q = qv.shape[1], qv.shape[2]
+    for t in range(ids.shape[0]):
+        c, r = ids[t] // ROWS, ids[t] % ROWS
+        for b in range(nb):
+            db = d[c, b, r]
+            for k in range(Q):
+                for i in range(4):
+                    u = qv[c, b, k, r, i]
+                    if Q == 4:
+                        mb = m[c, b, r]
+                        out[t, 32 * b + 4 * k + i] = db * np.float32(u & np.uint8(15)) + mb
+                        out[t, 32 * b + 16 + 4 * k + i] = db * np.float32(u >> np.uint8(4)) + mb
+                    else:
+                        out[t, 32 * b + 4 * k + i] = db * np.float32(np.int32(u) - 128)

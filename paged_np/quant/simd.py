@@ -1,0 +1,240 @@
+"""A small SIMD vocabulary for Numba: 16-lane vectors as values, and the integer dot product.
+
+Numba has no vector types: it vectorises loops for us, and for float32
+loops over rows that is enough (:mod:`.kernels`). The integer dot product
+that makes int8 activations pay is a different shape of operation. One
+instruction, AVX-512 VNNI's ``vpdpbusd``, multiplies 64 unsigned bytes by 64
+signed bytes, adds each lane's four products together and into a 32-bit
+accumulator::
+
+    acc[r] += u[4r] s[4r] + u[4r+1] s[4r+1] + u[4r+2] s[4r+2] + u[4r+3] s[4r+3]
+
+No loop over scalars turns into that, so this module gives Numba the vectors
+and the instruction directly (``numba.core.extending.intrinsic``: each
+function below emits a few lines of LLVM IR where it is called). A kernel
+written with them keeps its accumulators in registers, as BLAS does,
+instead of loading and storing them around every multiply.
+
+Types (each one SIMD register of 512 bits; two of 256 on AVX2 machines)::
+
+    U8x64    64 unsigned bytes: 16 lanes of 4 weights' codes
+    I32x16   16 int32 lanes: integer accumulators
+    F32x16   16 float32 lanes: scaled results
+
+Functions (indices are flat element indices into a 1-D C-contiguous array,
+checked by the caller: there is no bounds check in here)::
+
+    load_u8x64(a, i)        a[i:i+64] as U8x64
+    low_nibbles(v)          v & 15 per byte;  high_nibbles(v): v >> 4
+    broadcast4(a, i)        the 4 int8 a[i:i+4], the same in all 16 lanes
+    dot4(acc, u, s)         acc[r] += sum_k u[4r+k] * s[4r+k]   (vpdpbusd)
+    zeros_i32(), zeros_f32()
+    to_f32(v)               int32 lanes -> float32 lanes
+    load_f32(a, i)          a[i:i+16];  store_f32(a, i, v)
+    splat(x)                one float32 in all 16 lanes
+    mul(a, b), fma(a, b, c) a * b;  a * b + c (rounded once)
+
+``dot4`` compiles to ``vpdpbusd`` where the CPU has AVX-512 VNNI
+(:data:`HAS_VNNI`), else to the same arithmetic in plain vector IR (widen,
+multiply, add the four), which LLVM lowers for AVX2 or AVX-512F: the same
+integers, more instructions. ``mul`` and ``fma`` are exact IEEE operations
+(no fast-math flags): a kernel written with them computes the same bits
+whatever the number of rows, the property speculative decoding leans on.
+"""
+
+from __future__ import annotations
+
+import llvmlite.binding as llb
+from llvmlite import ir
+from numba import types
+from numba.core import config
+from numba.core.extending import intrinsic, models, register_model
+
+LANES = 16
+
+
+def _has_vnni() -> bool:
+    """True when Numba compiles for a CPU with AVX-512 VNNI (the host, unless NUMBA_CPU_NAME
+    names another; then only if NUMBA_CPU_FEATURES lists it)."""
+    if config.CPU_NAME:
+        return "+avx512vnni" in (config.CPU_FEATURES or "")
+    return bool(llb.get_host_cpu_features().get("avx512vnni", False))
+
+
+#: Whether :func:`dot4` is one ``vpdpbusd`` (else the generic widen-multiply-add).
+HAS_VNNI = _has_vnni()
+
+
+class Vec(types.Type):
+    """A SIMD vector value: ``kind`` ("u8", "i32" or "f32") times ``n`` lanes."""
+
+    def __init__(self, kind: str, n: int):
+        self.kind, self.n = kind, n
+        super().__init__(name=f"{kind}x{n}")
+
+
+U8x64, I32x16, F32x16 = Vec("u8", 64), Vec("i32", 16), Vec("f32", 16)
+_ELEMENT = {"u8": ir.IntType(8), "i32": ir.IntType(32), "f32": ir.FloatType()}
+
+
+def _ir(t: Vec) -> ir.VectorType:
+    return ir.VectorType(_ELEMENT[t.kind], t.n)
+
+
+@register_model(Vec)
+class _VecModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _ir(fe_type))
+
+
+V_U8, V_I32, V_F32 = _ir(U8x64), _ir(I32x16), _ir(F32x16)
+_I32 = ir.IntType(32)
+
+
+def _address(context, builder, arrty, arr, idx, pointee):
+    """Pointer to ``arr``'s flat element ``idx``, typed as ``pointee``."""
+    data = context.make_array(arrty)(context, builder, arr).data
+    return builder.bitcast(builder.gep(data, [idx]), ir.PointerType(pointee))
+
+
+def _splat(builder, value, vt):
+    v = builder.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(vt, ir.Undefined),
+                                  ir.Constant(ir.VectorType(_I32, vt.count), [0] * vt.count))
+
+
+def _function(builder, name, ret, args):
+    try:
+        return builder.module.get_global(name)
+    except KeyError:
+        return ir.Function(builder.module, ir.FunctionType(ret, args), name=name)
+
+
+# ------------------------------------------------------------------ memory
+@intrinsic
+def load_u8x64(typingctx, a, i):
+    def codegen(context, builder, sig, args):
+        return builder.load(_address(context, builder, sig.args[0], *args, V_U8), align=1)
+    return U8x64(a, i), codegen
+
+
+@intrinsic
+def load_f32(typingctx, a, i):
+    def codegen(context, builder, sig, args):
+        return builder.load(_address(context, builder, sig.args[0], *args, V_F32), align=4)
+    return F32x16(a, i), codegen
+
+
+@intrinsic
+def store_f32(typingctx, a, i, v):
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _address(context, builder, sig.args[0], args[0], args[1], V_F32),
+                      align=4)
+        return context.get_dummy_value()
+    return types.none(a, i, v), codegen
+
+
+@intrinsic
+def broadcast4(typingctx, a, i):
+    def codegen(context, builder, sig, args):
+        word = builder.load(_address(context, builder, sig.args[0], *args, _I32), align=1)
+        return _splat(builder, word, V_I32)
+    return I32x16(a, i), codegen
+
+
+# ------------------------------------------------------------------ integers
+@intrinsic
+def zeros_i32(typingctx):
+    def codegen(context, builder, sig, args):
+        return ir.Constant(V_I32, [0] * LANES)
+    return I32x16(), codegen
+
+
+@intrinsic
+def low_nibbles(typingctx, v):
+    def codegen(context, builder, sig, args):
+        return builder.and_(args[0], ir.Constant(V_U8, [15] * 64))
+    return U8x64(v), codegen
+
+
+@intrinsic
+def high_nibbles(typingctx, v):
+    def codegen(context, builder, sig, args):
+        return builder.lshr(args[0], ir.Constant(V_U8, [4] * 64))
+    return U8x64(v), codegen
+
+
+def _dot4_vnni(builder, acc, u, s):
+    fn = _function(builder, "llvm.x86.avx512.vpdpbusd.512", V_I32, [V_I32, V_I32, V_I32])
+    return builder.call(fn, [acc, builder.bitcast(u, V_I32), s])
+
+
+def _dot4_generic(builder, acc, u, s):
+    wide = ir.VectorType(_I32, 64)
+    prod = builder.mul(builder.zext(u, wide),
+                       builder.sext(builder.bitcast(s, ir.VectorType(ir.IntType(8), 64)), wide))
+    out = acc
+    for k in range(4):                                          # lane r: products 4r + k
+        part = builder.shuffle_vector(prod, ir.Constant(wide, ir.Undefined),
+                                      ir.Constant(ir.VectorType(_I32, LANES),
+                                                  [4 * r + k for r in range(LANES)]))
+        out = builder.add(out, part)
+    return out
+
+
+def _make_dot4(emit):
+    @intrinsic
+    def dot4(typingctx, acc, u, s):
+        def codegen(context, builder, sig, args):
+            return emit(builder, *args)
+        return I32x16(acc, u, s), codegen
+    return dot4
+
+
+#: ``acc[r] += sum_k u[4r+k] * s[4r+k]``: unsigned bytes ``u`` (U8x64) times the signed
+#: bytes of ``s`` (I32x16, four int8 a lane, e.g. from :func:`broadcast4`).
+dot4 = _make_dot4(_dot4_vnni if HAS_VNNI else _dot4_generic)
+#: The same, always in plain vector IR (the tests check it against ``dot4``).
+dot4_generic = _make_dot4(_dot4_generic)
+
+
+# ------------------------------------------------------------------ floats
+@intrinsic
+def zeros_f32(typingctx):
+    def codegen(context, builder, sig, args):
+        return ir.Constant(V_F32, [0.0] * LANES)
+    return F32x16(), codegen
+
+
+@intrinsic
+def to_f32(typingctx, v):
+    def codegen(context, builder, sig, args):
+        return builder.sitofp(args[0], V_F32)
+    return F32x16(v), codegen
+
+
+@intrinsic
+def splat(typingctx, x):
+    if not isinstance(x, types.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        value = args[0] if sig.args[0] == types.float32 else builder.fptrunc(args[0],
+                                                                             ir.FloatType())
+        return _splat(builder, value, V_F32)
+    return F32x16(x), codegen
+
+
+@intrinsic
+def mul(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.fmul(*args)
+    return F32x16(a, b), codegen
+
+
+@intrinsic
+def fma(typingctx, a, b, c):
+    def codegen(context, builder, sig, args):
+        fn = _function(builder, "llvm.fma.v16f32", V_F32, [V_F32, V_F32, V_F32])
+        return builder.call(fn, list(args))
+    return F32x16(a, b, c), codegen
