@@ -285,11 +285,15 @@ def test_both_score_tiles_agree_with_numpy(n_keys, kv_dtype):
     kp = rng.standard_normal((3, 2, 16, 32), np.float32).astype(kv_dtype)
     bits = kp.view(np.uint16) if kv_dtype == np.float16 else kp
     want = qt[4:8] @ kp[2, 1, :n_keys].astype(np.float32).T  # rows 4..7, page 2, kv head 1
-    for tile in (numba_kernels.tile_scores_4x4, numba_kernels.tile_scores_4x2):
+    for tile, step in ((numba_kernels.tile_scores_4x4, 4), (numba_kernels.tile_scores_4x2, 2)):
         s = np.full((8, 24), np.nan, np.float32)
         tile(qt, bits, 2, 1, s, 4, 8, 5, n_keys, 0)  # columns 5.., prefetching page 0
         np.testing.assert_allclose(s[4:8, 5:5 + n_keys], want, rtol=1e-5, atol=1e-5)
-        assert np.isnan(s[:4]).all() and np.isnan(s[4:8, 5 + n_keys:]).all()  # nothing else
+        # A short last pass repeats the last key's score in the columns up to the next
+        # multiple of ``step`` (the caller's spare columns); nothing else is written.
+        end = 5 + -(-n_keys // step) * step
+        assert np.all(s[4:8, 5 + n_keys:end] == s[4:8, 4 + n_keys:5 + n_keys])
+        assert np.isnan(s[:4]).all() and np.isnan(s[4:8, end:]).all()
 
 
 def test_fp8_bit_widening_equals_the_table_for_every_code():
@@ -310,3 +314,28 @@ def test_fp8_bit_widening_equals_the_table_for_every_code():
     got = widen_all(codes)[stored]
     np.testing.assert_array_equal(got, FP8_E4M3[stored])
     np.testing.assert_array_equal(np.signbit(got), np.signbit(FP8_E4M3[stored]))
+
+
+@pytest.mark.parametrize("knobs", [{}, {"num_threads": 2}, {"num_splits": 3},
+                                   {"num_threads": 2, "window": 13}])
+@pytest.mark.parametrize("num_heads, num_kv_heads, page_size", [(4, 2, 4), (6, 2, 16),
+                                                                (3, 3, 5)])
+def test_verify_rows_have_the_bits_of_decode_rows(knobs, num_heads, num_kv_heads, page_size):
+    """A speculative verify step (a few queries per sequence) computes each query exactly
+    as the decode step at its position would: same items, parts and order, so the same
+    bits whatever the number of drafts (greedy speculative decoding relies on it)."""
+    knobs = dict(knobs)
+    window = knobs.pop("window", 0)
+    n_q = [9, 4, 1]
+    case = make_paged_case([150, 40, 9], n_q, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                           head_dim=16, page_size=page_size, seed=page_size)
+    verify, _ = run(case, window=window, **knobs)
+    starts = np.asarray(case.qsl[:-1])
+    for i in range(max(n_q)):  # decode step i: every sequence, one query each
+        rows = [int(starts[b]) + min(i, n - 1) for b, n in enumerate(n_q)]
+        lens = [int(case.seq_lens[b]) - n + 1 + min(i, n - 1) for b, n in enumerate(n_q)]
+        q = np.ascontiguousarray(case.q[rows])
+        out, _ = numba_cpu.forward(q, case.k_pages, case.v_pages, case.block_tables,
+                                   np.array(lens, np.int64), np.arange(len(n_q) + 1),
+                                   case.q.shape[2] ** -0.5, window, True, **knobs)
+        assert np.array_equal(out, verify[rows]), f"decode step {i} differs"

@@ -1,7 +1,8 @@
 """Speculative decoding on SmolLM2-135M-Instruct: greedy text unchanged, drafts accepted.
 
 An input-grounded chat (repeat a paragraph with its typos corrected) is what n-gram
-drafts are for: most of the answer is copied from the prompt. The model is fetched
+drafts are for: most of the answer is copied from the prompt. On the file's blocks with
+float32 inputs and with int8 inputs (``quantization="gguf_a8"``). The model is fetched
 once into ``PAGED_NP_HOME``; if that fails the test FAILS with the fix (it never skips).
 """
 
@@ -19,10 +20,12 @@ MESSAGES = [[{"role": "user", "content": "Repeat this paragraph exactly:\n\n" + 
               + PARAGRAPH.replace("every", "evry").replace("physical", "phisical")}]]
 
 
-@pytest.fixture(scope="module")
-def smollm2():
+@pytest.fixture(scope="module", params=["gguf", "gguf_a8"])
+def smollm2(request):
+    # gguf_a8: int8 inputs round a value on a rounding boundary a whole step apart, so
+    # the verify rows must have decode's bits exactly (batch invariance), not nearly.
     try:
-        return pnp.load_model("smollm2-135m-instruct")
+        return pnp.load_model("smollm2-135m-instruct", quantization=request.param)
     except pnp.ModelFetchError as e:
         pytest.fail(f"the speculative real-model test needs SmolLM2-135M-Instruct: {e}")
 

@@ -61,12 +61,15 @@ from numba import njit
 from ..config import JIT_OPTIONS
 from .numba_kernels import (
     EMPTY,
+    LANES,
     LN2,
     LOG2E,
+    SPARE_COLUMNS,
     accumulate_pv,
     mask_scores,
     online_softmax,
     online_softmax_scaled,
+    pad_block,
     tile_scores,
 )
 from .numba_plan import (  # the plan, plain NumPy (re-exported: tests and benchmarks)
@@ -87,7 +90,7 @@ BLOCK_KEYS = 128
 
 @njit(**JIT_OPTIONS)
 def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, klo, khi, window,
-                 out, lse, qt, row_pos, s, m, l, acc, k_scales, v_scales, ksc, vsc):
+                 out, lse, qt, row_pos, s, m, l, acc, k_scales, v_scales, ksc, vsc, lanes):
     """One work item: ``nq`` queries x ``n_kv * G`` heads against keys ``[klo, khi)``.
 
     The item covers kv heads ``kvh0 .. kvh0 + n_kv - 1``. Writes the
@@ -97,11 +100,17 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, kl
     the scales of 8-bit pages (None for float pages: Numba then compiles a
     version without the scaling, its ``is not None`` branches pruned) with
     ``ksc, vsc`` ``[n_kv, KB]``, scratch for one block's scales.
+
+    A row's arithmetic does not depend on how many keys the item reads past
+    the row's own position (its other queries' keys, masked for it): keys go
+    in fours from each page's start, a block's softmax runs over its keys
+    padded to 16 and sums them in 16 lanes. So a verify step's row has the
+    bits of the decode step at its position.
     """
     H, D = q2.shape[1], q2.shape[2]
     P = k_pages.shape[2]
     G = H // k_pages.shape[1]
-    KB = s.shape[1]  # keys per block: a whole number of pages
+    KB = s.shape[1] - SPARE_COLUMNS  # keys per block: a whole number of pages
     R = nq * G  # rows of one kv head: (query i, head g) -> r = i * G + g
     R4 = (R + 3) // 4 * 4  # the helpers take rows in fours: pad with zero queries
     RT = n_kv * R4  # all rows: kv head h owns rows h*R4 .. h*R4 + R4 - 1
@@ -136,10 +145,11 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, kl
         # Mask only blocks that some row cannot fully see (causal edge, window).
         if key0 + n - 1 > first_pos or (window > 0 and key0 <= last_pos - window):
             mask_scores(s, row_pos, RT, key0, n, window)
+        n16 = pad_block(s, RT, n)  # keys past n masked, up to a multiple of 16
         if k_scales is not None:  # scales each score and weight by its token's scales
-            online_softmax_scaled(s, m, l, acc, RT, n, ksc, vsc, R4)
+            online_softmax_scaled(s, m, l, acc, RT, n16, ksc, vsc, R4, lanes)
         else:
-            online_softmax(s, m, l, acc, RT, n)
+            online_softmax(s, m, l, acc, RT, n16, lanes)
         for j in range(blk, blk_hi):  # acc[:RT] += p[:RT, :n] @ V
             c = (j - blk) * P
             nxt = bt_row[j + 1] if j + 1 < page_hi else -1
@@ -175,12 +185,13 @@ def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, it
     RT = (max_rows + 3) // 4 * 4 * heads_per_item
     qt = np.empty((RT, D), np.float32)  # queries of the item   [RT, D]
     row_pos = np.empty(RT, np.int64)  # each row's query position
-    s = np.empty((RT, KB), np.float32)  # scores, then weights  [RT, KB]
+    s = np.empty((RT, KB + SPARE_COLUMNS), np.float32)  # scores, then weights
     m = np.empty(RT, np.float32)
     l = np.empty(RT, np.float32)
     acc = np.empty((RT, D), np.float32)
-    ksc = np.empty((heads_per_item, KB), np.float32)  # a block's scales (8-bit pages)
-    vsc = np.empty((heads_per_item, KB), np.float32)
+    ksc = np.ones((heads_per_item, KB + SPARE_COLUMNS), np.float32)  # a block's scales
+    vsc = np.ones((heads_per_item, KB + SPARE_COLUMNS), np.float32)  # (8-bit pages)
+    lanes = np.empty(LANES, np.float32)
     for w in range(w0, w1):
         it = items[w]
         b, q0, nq = it[ITEM_SEQ], it[ITEM_Q0], it[ITEM_NQ]
@@ -191,7 +202,7 @@ def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, it
         _attend_item(q2, k_pages, v_pages, block_tables[b], first_pos, q0, nq, it[ITEM_KVH],
                      heads_per_item, it[ITEM_KLO], it[ITEM_KHI], window, part_out[it[ITEM_SPLIT]],
                      part_lse[it[ITEM_SPLIT]], qt, row_pos, s, m, l, acc, k_scales, v_scales,
-                     ksc, vsc)
+                     ksc, vsc, lanes)
 
 
 def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,

@@ -157,12 +157,19 @@ def tile_scores_4x4(qt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
     element loaded feeds four dot products, and so does each key element, so
     a float16 key is widened once per four rows. The 16 running sums stay in
     vector registers; each is reduced (summed across its lanes) once.
+
+    Keys always go in fours from the page's start: a last pass short of keys
+    re-reads the page's last key and writes up to 3 columns past ``n_keys``
+    (``s`` has :data:`SPARE_COLUMNS`; the next page or :func:`pad_block`
+    overwrites them). So every score comes from the same instructions whether the
+    page holds 5 keys or 16: a query's scores do not depend on the batch.
     """
     D = qt.shape[1]
-    t = 0
-    while t + 3 < n_keys:
-        prefetch_rows(kp, next_pid, kvh, t, t + 4)
+    last = n_keys - 1
+    for t in range(0, n_keys, 4):
+        prefetch_rows(kp, next_pid, kvh, t, min(t + 4, n_keys))
         c = col0 + t
+        t1, t2, t3 = min(t + 1, last), min(t + 2, last), min(t + 3, last)
         for r in range(r0, r1, 4):
             x00 = x01 = x02 = x03 = x10 = x11 = x12 = x13 = np.float32(0.0)
             x20 = x21 = x22 = x23 = x30 = x31 = x32 = x33 = np.float32(0.0)
@@ -173,17 +180,17 @@ def tile_scores_4x4(qt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
                 x01 += q1 * k0
                 x02 += q2 * k0
                 x03 += q3 * k0
-                k1 = to_f32(kp[pid, kvh, t + 1, d])
+                k1 = to_f32(kp[pid, kvh, t1, d])
                 x10 += q0 * k1
                 x11 += q1 * k1
                 x12 += q2 * k1
                 x13 += q3 * k1
-                k2 = to_f32(kp[pid, kvh, t + 2, d])
+                k2 = to_f32(kp[pid, kvh, t2, d])
                 x20 += q0 * k2
                 x21 += q1 * k2
                 x22 += q2 * k2
                 x23 += q3 * k2
-                k3 = to_f32(kp[pid, kvh, t + 3, d])
+                k3 = to_f32(kp[pid, kvh, t3, d])
                 x30 += q0 * k3
                 x31 += q1 * k3
                 x32 += q2 * k3
@@ -192,20 +199,6 @@ def tile_scores_4x4(qt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
             s[r + 1, c], s[r + 1, c + 1], s[r + 1, c + 2], s[r + 1, c + 3] = x01, x11, x21, x31
             s[r + 2, c], s[r + 2, c + 1], s[r + 2, c + 2], s[r + 2, c + 3] = x02, x12, x22, x32
             s[r + 3, c], s[r + 3, c + 1], s[r + 3, c + 2], s[r + 3, c + 3] = x03, x13, x23, x33
-        t += 4
-    while t < n_keys:  # the last 0-3 keys of the page, one at a time
-        prefetch_rows(kp, next_pid, kvh, t, t + 1)
-        c = col0 + t
-        for r in range(r0, r1, 4):
-            x0 = x1 = x2 = x3 = np.float32(0.0)
-            for d in range(D):
-                k0 = to_f32(kp[pid, kvh, t, d])
-                x0 += qt[r, d] * k0
-                x1 += qt[r + 1, d] * k0
-                x2 += qt[r + 2, d] * k0
-                x3 += qt[r + 3, d] * k0
-            s[r, c], s[r + 1, c], s[r + 2, c], s[r + 3, c] = x0, x1, x2, x3
-        t += 1
 
 
 @njit(**JIT_OPTIONS)
@@ -215,13 +208,15 @@ def tile_scores_4x2(qt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
     Four rows x four keys hold 16 running sums, plus four query vectors and a
     key: 21 registers. AVX2 has 16, so LLVM kept some sums on the stack and
     every pass stored and reloaded them (seen in ``inspect_asm``). Eight sums,
-    four query vectors and two keys fit.
+    four query vectors and two keys fit. Keys go in twos from the page's start
+    (an odd page's last pass re-reads its last key), as 4x4 goes in fours.
     """
     D = qt.shape[1]
-    t = 0
-    while t + 1 < n_keys:
-        prefetch_rows(kp, next_pid, kvh, t, t + 2)
+    last = n_keys - 1
+    for t in range(0, n_keys, 2):
+        prefetch_rows(kp, next_pid, kvh, t, min(t + 2, n_keys))
         c = col0 + t
+        t1 = min(t + 1, last)
         for r in range(r0, r1, 4):
             x00 = x01 = x02 = x03 = x10 = x11 = x12 = x13 = np.float32(0.0)
             for d in range(D):  # x<key><row> += q[row, d] * k[key, d]
@@ -231,7 +226,7 @@ def tile_scores_4x2(qt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
                 x01 += q1 * k0
                 x02 += q2 * k0
                 x03 += q3 * k0
-                k1 = to_f32(kp[pid, kvh, t + 1, d])
+                k1 = to_f32(kp[pid, kvh, t1, d])
                 x10 += q0 * k1
                 x11 += q1 * k1
                 x12 += q2 * k1
@@ -240,20 +235,6 @@ def tile_scores_4x2(qt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
             s[r + 1, c], s[r + 1, c + 1] = x01, x11
             s[r + 2, c], s[r + 2, c + 1] = x02, x12
             s[r + 3, c], s[r + 3, c + 1] = x03, x13
-        t += 2
-    while t < n_keys:  # the last key of an odd page
-        prefetch_rows(kp, next_pid, kvh, t, t + 1)
-        c = col0 + t
-        for r in range(r0, r1, 4):
-            x0 = x1 = x2 = x3 = np.float32(0.0)
-            for d in range(D):
-                k0 = to_f32(kp[pid, kvh, t, d])
-                x0 += qt[r, d] * k0
-                x1 += qt[r + 1, d] * k0
-                x2 += qt[r + 2, d] * k0
-                x3 += qt[r + 3, d] * k0
-            s[r, c], s[r + 1, c], s[r + 2, c], s[r + 3, c] = x0, x1, x2, x3
-        t += 1
 
 
 #: The score tile of the target: ``s[r0:r1, col0:col0+n_keys] = qt[r0:r1] @ kp[pid, kvh].T``.
@@ -277,41 +258,77 @@ def mask_scores(s, row_pos, n_rows, key_pos0, n_keys, window):
                 s[r, t] = MASKED
 
 
+#: Columns of the score scratch past a block: :func:`tile_scores` writes up to 3 past a
+#: page's keys and :func:`pad_block` pads a block's keys to a multiple of :data:`LANES`.
+SPARE_COLUMNS = 16
+#: Running sums of a softmax row: one per lane of a 512-bit vector.
+LANES = 16
+#: Fast-math without reassociation, for the softmax's sums: LLVM may still vectorise the
+#: lanes (independent sums) but may not regroup the additions of one lane, so appending
+#: zeros to a row changes none of its bits.
+NO_REASSOC = dict(JIT_OPTIONS, fastmath={"nnan", "ninf", "nsz", "arcp", "contract", "afn"})
+
+
 @njit(**JIT_OPTIONS)
-def online_softmax(s, m, l, acc, n_rows, n_keys):
+def pad_block(s, n_rows, n_keys):
+    """Mask columns ``n_keys`` up to the next multiple of :data:`LANES`; returns that."""
+    n16 = (n_keys + LANES - 1) // LANES * LANES
+    for r in range(n_rows):
+        for t in range(n_keys, n16):
+            s[r, t] = MASKED
+    return n16
+
+
+@njit(inline="always", **NO_REASSOC)
+def _lane_sum(s, r, n16, lanes):
+    """``sum(s[r, :n16])`` as :data:`LANES` running sums (key ``t`` in lane ``t % 16``),
+    then the lanes in order. Keys past a row's last visible one weigh exactly 0 and come
+    last, so they add nothing to any lane: a decode row and the same row in a verify
+    step, which sees more (masked) keys, get the same bits."""
+    for i in range(LANES):
+        lanes[i] = 0.0
+    for t0 in range(0, n16, LANES):
+        for i in range(LANES):
+            lanes[i] += s[r, t0 + i]
+    total = np.float32(0.0)
+    for i in range(LANES):
+        total += lanes[i]
+    return total
+
+
+@njit(**NO_REASSOC)
+def online_softmax(s, m, l, acc, n_rows, n16, lanes):
     """Fold one block's scores into the running (max, sum); rescale ``acc``.
 
-    On return ``s[r, :n_keys]`` holds the weights ``p = 2**(s - m_new)`` that
-    the ``p @ V`` step adds to the accumulator.
+    ``n16``: the block's keys padded by :func:`pad_block`. On return ``s[r, :n16]``
+    holds the weights ``p = 2**(s - m_new)`` that the ``p @ V`` step adds to the
+    accumulator (0 for masked and padding keys); ``lanes`` is scratch [LANES].
     """
     D = acc.shape[1]
     for r in range(n_rows):
         m_new = m[r]
-        for t in range(n_keys):
+        for t in range(n16):
             m_new = max(m_new, s[r, t])
         alpha = exp2(m[r] - m_new)  # how much the old sum and acc shrink
-        total = np.float32(0.0)
-        for t in range(n_keys):
-            p = exp2(s[r, t] - m_new)
-            s[r, t] = p
-            total += p
+        for t in range(n16):
+            s[r, t] = exp2(s[r, t] - m_new)
         m[r] = m_new
-        l[r] = l[r] * alpha + total
+        l[r] = l[r] * alpha + _lane_sum(s, r, n16, lanes)
         if alpha != 1.0:
             for d in range(D):
                 acc[r, d] *= alpha
 
 
-@njit(**JIT_OPTIONS)
-def online_softmax_scaled(s, m, l, acc, n_rows, n_keys, ksc, vsc, rows_per_head):
+@njit(**NO_REASSOC)
+def online_softmax_scaled(s, m, l, acc, n_rows, n16, ksc, vsc, rows_per_head, lanes):
     """:func:`online_softmax` for 8-bit pages, whose scores came from the codes.
 
     A score is ``q . (code * scale_k) = scale_k * (q . code)`` and a weight
     times a value row is ``p * (code * scale_v) = (p * scale_v) * code``, so
     each token's scales multiply its column once here: ``ksc, vsc`` ``[heads,
-    n_keys]`` hold the block's scales of each kv head, and row ``r`` belongs to
+    n16]`` hold the block's scales of each kv head, and row ``r`` belongs to
     head ``r // rows_per_head``. Masked scores stay :data:`MASKED`. On return
-    ``s[r, :n_keys]`` holds ``p * scale_v``; ``l`` sums the plain ``p``. Fused
+    ``s[r, :n16]`` holds ``p * scale_v``; ``l`` sums the plain ``p``. Fused
     here rather than a pass of its own: a separate pass over the block cost
     half the time of the int8 decode kernel (measured at context 8192).
     """
@@ -319,19 +336,18 @@ def online_softmax_scaled(s, m, l, acc, n_rows, n_keys, ksc, vsc, rows_per_head)
     for r in range(n_rows):
         h = r // rows_per_head
         m_new = m[r]
-        for t in range(n_keys):
+        for t in range(n16):
             x = s[r, t]
             x = x * ksc[h, t] if x != MASKED else x
             s[r, t] = x
             m_new = max(m_new, x)
         alpha = exp2(m[r] - m_new)
-        total = np.float32(0.0)
-        for t in range(n_keys):
-            p = exp2(s[r, t] - m_new)
-            s[r, t] = p * vsc[h, t]
-            total += p
+        for t in range(n16):
+            s[r, t] = exp2(s[r, t] - m_new)
         m[r] = m_new
-        l[r] = l[r] * alpha + total
+        l[r] = l[r] * alpha + _lane_sum(s, r, n16, lanes)
+        for t in range(n16):
+            s[r, t] *= vsc[h, t]
         if alpha != 1.0:
             for d in range(D):
                 acc[r, d] *= alpha
@@ -348,30 +364,26 @@ def accumulate_pv(p, vp, pid, kvh, acc, r0, r1, col0, n_keys, next_pid):
     element is loaded and stored once per four keys, each (float16) value
     element widened once per two rows, and the eight weights plus four value
     vectors still fit in registers (four rows would spill: measured slower).
+    Keys go in fours from the page's start; a last pass short of keys weighs
+    the missing ones 0 (re-reading the last value row), so a row's sums are
+    grouped alike whatever the number of keys after its own.
     """
     D = acc.shape[1]
-    t = 0
-    while t + 3 < n_keys:
-        prefetch_rows(vp, next_pid, kvh, t, t + 4)
+    last = n_keys - 1
+    zero = np.float32(0.0)
+    for t in range(0, n_keys, 4):
+        prefetch_rows(vp, next_pid, kvh, t, min(t + 4, n_keys))
         c = col0 + t
+        t1, t2, t3 = min(t + 1, last), min(t + 2, last), min(t + 3, last)
         for r in range(r0, r1, 2):
-            p00, p01, p02, p03 = p[r, c], p[r, c + 1], p[r, c + 2], p[r, c + 3]
-            p10, p11, p12, p13 = p[r + 1, c], p[r + 1, c + 1], p[r + 1, c + 2], p[r + 1, c + 3]
+            p00, p10 = p[r, c], p[r + 1, c]
+            p01, p11 = (p[r, c + 1], p[r + 1, c + 1]) if t + 1 <= last else (zero, zero)
+            p02, p12 = (p[r, c + 2], p[r + 1, c + 2]) if t + 2 <= last else (zero, zero)
+            p03, p13 = (p[r, c + 3], p[r + 1, c + 3]) if t + 3 <= last else (zero, zero)
             for d in range(D):  # p<row><key>
                 v0 = to_f32(vp[pid, kvh, t, d])
-                v1 = to_f32(vp[pid, kvh, t + 1, d])
-                v2 = to_f32(vp[pid, kvh, t + 2, d])
-                v3 = to_f32(vp[pid, kvh, t + 3, d])
+                v1 = to_f32(vp[pid, kvh, t1, d])
+                v2 = to_f32(vp[pid, kvh, t2, d])
+                v3 = to_f32(vp[pid, kvh, t3, d])
                 acc[r, d] += (p00 * v0 + p01 * v1) + (p02 * v2 + p03 * v3)
                 acc[r + 1, d] += (p10 * v0 + p11 * v1) + (p12 * v2 + p13 * v3)
-        t += 4
-    while t < n_keys:  # the last 0-3 keys
-        prefetch_rows(vp, next_pid, kvh, t, t + 1)
-        c = col0 + t
-        for r in range(r0, r1, 2):
-            p0, p1 = p[r, c], p[r + 1, c]
-            for d in range(D):
-                v0 = to_f32(vp[pid, kvh, t, d])
-                acc[r, d] += p0 * v0
-                acc[r + 1, d] += p1 * v0
-        t += 1

@@ -18,6 +18,9 @@ import numpy as np
 
 #: A sequence with this many queries (a long prefill chunk) goes to BLAS.
 BLAS_MIN_QUERIES = 128
+#: Sequences with at most this many queries (decode; a speculative verify step) get one
+#: item per query, each computed as a one-query decode would be (see :func:`make_plan`).
+DECODE_QUERIES = 16
 #: Query rows per prefill item (q_tile * G); decode items have G rows.
 PREFILL_ROWS = 64
 #: Split-K is used when there are fewer items than this many per thread.
@@ -38,6 +41,8 @@ def plan_items(seq_lens, query_start_loc, n_q, page_size, num_kv_heads, q_tile, 
 
     Plain NumPy (a few dozen items for a decode step; nothing to compile).
     ``n_q`` ``[B]``: queries per sequence the kernel handles (0: none).
+    ``num_splits``: the split-K parts of every tile, or a function from each tile's
+    page count (int64 ``[tiles]``) to its own number of parts.
     Returns int64 ``[num_threads * per_thread, 7]``: sequence, first query
     token, number of queries, first kv head (the item takes ``heads_per_item``
     of them, which must divide ``num_kv_heads``), keys ``[lo, hi)`` and split
@@ -52,7 +57,11 @@ def plan_items(seq_lens, query_start_loc, n_q, page_size, num_kv_heads, q_tile, 
     lo = np.maximum(0, p_first - window + 1) if window > 0 else np.zeros_like(p_first)
     hi = p_first + nq  # one past the last query's position
     page_lo = lo // page_size
-    per = -(-((hi - 1) // page_size + 1 - page_lo) // num_splits)  # [tiles] pages per part
+    pages = (hi - 1) // page_size + 1 - page_lo  # [tiles] pages each tile reads
+    splits = np.broadcast_to(num_splits(pages) if callable(num_splits) else num_splits,
+                             pages.shape)  # [tiles] parts of each tile
+    num_splits = int(splits.max()) if len(splits) else 1
+    per = -(-pages // splits)  # [tiles] pages per part (parts past a tile's own are empty)
     # Every (tile, split part, group of kv heads) is an item: fill a [tiles, S, Hkv/hpi, 7] grid.
     t3 = (slice(None), None, None)  # a [tiles] column broadcast over (S, kv head groups)
     split = np.arange(num_splits)[None, :, None]
@@ -64,7 +73,8 @@ def plan_items(seq_lens, query_start_loc, n_q, page_size, num_kv_heads, q_tile, 
     grid[..., ITEM_KLO] = np.maximum(lo[t3], (page_lo[t3] + split * per[t3]) * page_size)
     grid[..., ITEM_KHI] = np.minimum(hi[t3], (page_lo[t3] + (split + 1) * per[t3]) * page_size)
     # An empty part (no keys in its range) is padding: 0 queries.
-    grid[..., ITEM_NQ] = np.where(grid[..., ITEM_KHI] > grid[..., ITEM_KLO], nq[t3], 0)
+    grid[..., ITEM_NQ] = np.where((grid[..., ITEM_KHI] > grid[..., ITEM_KLO])
+                                  & (split < splits[t3]), nq[t3], 0)
     items = grid.reshape(-1, 7)  # [n, 7]
     # Deal the items, most expensive first, round-robin into one block per thread.
     cost = items[:, ITEM_NQ] * np.maximum(items[:, ITEM_KHI] - items[:, ITEM_KLO], 0) + 64
@@ -91,13 +101,16 @@ def choose_heads_per_item(n_tiles: int, num_kv_heads: int, q_tile: int, num_thre
     return 1
 
 
-def choose_num_splits(n_items: int, max_pages: int, num_threads: int) -> int:
-    """Split-K factor: enough parts to give every thread a few items (1 on one thread)."""
+def choose_num_splits(n_items: int, max_pages, num_threads: int):
+    """Split-K factor: enough parts to give every thread a few items (1 on one thread).
+    ``max_pages`` an int, or an array (one factor each)."""
     target = ITEMS_PER_THREAD * num_threads
-    if num_threads == 1 or n_items >= target or max_pages < 2 * MIN_PAGES_PER_SPLIT:
-        return 1
     want = -(-target // max(n_items, 1))  # ceil
-    return max(1, min(want, max_pages // MIN_PAGES_PER_SPLIT))
+    parts = np.maximum(1, np.minimum(want, np.asarray(max_pages) // MIN_PAGES_PER_SPLIT))
+    if num_threads == 1 or n_items >= target:
+        parts = np.ones_like(parts)
+    parts = np.where(np.asarray(max_pages) < 2 * MIN_PAGES_PER_SPLIT, 1, parts)
+    return int(parts) if parts.ndim == 0 else parts
 
 
 def choose_num_threads(work_bytes: int, max_threads: int) -> int:
@@ -138,21 +151,49 @@ def make_plan(seq_lens, qsl, num_heads, num_kv_heads, page_size, kv_itemsize, he
         return Plan(blas_seqs, None, 1, 1, 1, 1)
     n_q = np.where(in_kernel, n_q, 0)
     G = num_heads // num_kv_heads
-    if q_tile is None:  # decode: one query per item; prefill: ~PREFILL_ROWS rows
-        q_tile = 1 if n_q.max() <= 1 else max(1, PREFILL_ROWS // G)
-    n_tiles_each = (n_q + q_tile - 1) // q_tile  # [B]
-    n_tiles = int(n_tiles_each.sum())
-    if num_threads is None:  # K and V bytes each query tile reads (its keys, all kv heads)
-        keys = np.minimum(seq_lens, window + n_q) if window else seq_lens
-        work = int((n_tiles_each * keys).sum()) * num_kv_heads * head_dim * kv_itemsize * 2
-        num_threads = choose_num_threads(work, numba.get_num_threads())
-    if heads_per_item is None:
-        heads_per_item = choose_heads_per_item(n_tiles, num_kv_heads, q_tile, num_threads)
-    if num_splits is None:
-        max_pages = int(-(-int(seq_lens[n_q > 0].max()) // page_size))
-        num_splits = choose_num_splits(n_tiles * num_kv_heads // heads_per_item, max_pages,
-                                       num_threads)
+    keys = np.minimum(seq_lens, window + n_q) if window else seq_lens
+    kv_bytes = num_kv_heads * head_dim * kv_itemsize * 2  # K and V bytes of one key
+    if q_tile is None and n_q.max() <= DECODE_QUERIES:  # decode, or verify drafts
+        # Threads, heads and splits follow from the sequences alone, as if each brought
+        # one query (a sequence's K/V come from memory once; its other queries find them
+        # in cache), so a query is computed alike whether its sequence has 1 query in
+        # the step or 9 drafts: the bits of its output do not depend on the batch
+        # (greedy speculative decoding leans on that).
+        seqs = int((n_q > 0).sum())
+        if num_threads is None:
+            num_threads = choose_num_threads(int(keys[n_q > 0].sum()) * kv_bytes,
+                                             numba.get_num_threads())
+        if heads_per_item is None:
+            heads_per_item = choose_heads_per_item(seqs, num_kv_heads, 1, num_threads)
+        n_items = seqs * num_kv_heads // heads_per_item
+        if num_splits is None:  # each query's parts from its own pages
+            def num_splits(pages):
+                return choose_num_splits(n_items, pages, num_threads)
+        longest = np.array([-(-int(seq_lens[n_q > 0].max()) // page_size)])
+        unsplit = (num_splits(longest)[0] if callable(num_splits) else num_splits) == 1
+        # One item for all of a sequence's queries keeps decode's bits (the kernel's
+        # grouping does not depend on the keys after a row's own) unless its keys are
+        # split or windowed: those parts start where the item's first query says.
+        q_tile = max(1, PREFILL_ROWS // G) if unsplit and not window else 1
+        if q_tile > 1:
+            num_splits = 1
+    else:
+        if q_tile is None:  # prefill: ~PREFILL_ROWS rows
+            q_tile = max(1, PREFILL_ROWS // G)
+        n_tiles_each = (n_q + q_tile - 1) // q_tile  # [B]
+        n_tiles = int(n_tiles_each.sum())
+        if num_threads is None:  # K and V bytes each query tile reads (its keys)
+            work = int((n_tiles_each * keys).sum()) * kv_bytes
+            num_threads = choose_num_threads(work, numba.get_num_threads())
+        if heads_per_item is None:
+            heads_per_item = choose_heads_per_item(n_tiles, num_kv_heads, q_tile, num_threads)
+        if num_splits is None:
+            max_pages = int(-(-int(seq_lens[n_q > 0].max()) // page_size))
+            num_splits = choose_num_splits(n_tiles * num_kv_heads // heads_per_item,
+                                           max_pages, num_threads)
     items = plan_items(seq_lens, qsl, n_q, page_size, num_kv_heads, int(q_tile),
-                       int(num_splits), window, int(num_threads), int(heads_per_item))
-    return Plan(blas_seqs, items, int(q_tile), int(num_splits), int(heads_per_item),
+                       num_splits if callable(num_splits) else int(num_splits), window,
+                       int(num_threads), int(heads_per_item))
+    num_splits = int(items[:, ITEM_SPLIT].max()) + 1 if len(items) else 1
+    return Plan(blas_seqs, items, int(q_tile), num_splits, int(heads_per_item),
                 int(num_threads))
