@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..attention.numba_kernels import LOG2E, exp2
 from ..config import JIT_OPTIONS
 from ..errors import DTypeError, ShapeError
 
@@ -55,11 +56,17 @@ def _rope_qk(qkv, cos, sin, nq, nkv, D, q, k):
 
 @njit(**JIT_OPTIONS)
 def _silu_mul(gate_up, inter, out):
+    # sigmoid(g) from e = exp(-|g|) <= 1: 1 / (1 + e) for g >= 0, e / (1 + e) below, with
+    # the polynomial exp2 in a loop of its own: that loop vectorises, and so does the
+    # rest (np.exp, a scalar call each, made this 3.4x slower: 1 ms of a 9-row step).
     T = gate_up.shape[0]
     for t in range(T):
+        g, u, o = gate_up[t, :inter], gate_up[t, inter:], out[t]
         for i in range(inter):
-            g = gate_up[t, i]
-            out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[t, inter + i]
+            o[i] = exp2(min(g[i], -g[i]) * LOG2E)                 # e = exp(-|g|)
+        for i in range(inter):
+            e = o[i]
+            o[i] = g[i] * u[i] * max(e, np.float32(g[i] >= 0)) / (np.float32(1.0) + e)
 
 
 def _f32_2d(name: str, a) -> np.ndarray:
