@@ -1,13 +1,15 @@
 """Speculative decoding with n-gram drafts: batch-1 tokens/s with and without, same run.
 
-    python benchmarks/spec_decode.py            # the table (about 3 minutes on 2 cores)
-    python benchmarks/spec_decode.py --quick    # one prompt a category, one round (~35 s)
+    python benchmarks/spec_decode.py            # both weight formats (~7 minutes on 2 cores)
+    python benchmarks/spec_decode.py --weights gguf_a8   # one format (~3.5 minutes)
+    python benchmarks/spec_decode.py --quick    # one prompt a category, one round (~70 s)
     python benchmarks/spec_decode.py --sweep    # k and lookup settings instead (~8 minutes)
 
 SmolLM2-135M-Instruct answers chats one at a time (batch 1, greedy), once with
 ``speculative_config={"method": "ngram", ...}`` and once without, alternating
 per prompt (the order flips every prompt, so a drift of the shared machine
-falls on both). Five categories:
+falls on both), on each weight format of ``--weights`` in turn (default: the
+file's blocks times float32 inputs, then times int8 inputs). Five categories:
 
 - input-grounded: *copy* (repeat a paragraph), *correct* (fix its typos),
   *extract* (list the names and dates of a passage), *edit* (rename a
@@ -330,15 +332,15 @@ def targets(rows: list[tuple[str, dict]]) -> list[str]:
 
 def table(rows: list[tuple[str, dict]]) -> list[str]:
     lines = ["| chats | prompts | tokens | tokens/s without | tokens/s with | speedup "
-             "(median) | acceptance | mean accepted length | steps saved | model ms/step "
-             "without / with |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "(median) | acceptance | mean accepted length | drafting steps | steps saved "
+             "| model ms/step without / with |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in rows:
         lines.append(
             f"| {name} | {s['prompts']} | {s['tokens']} | {s['plain_tps']:.1f} | "
             f"{s['spec_tps']:.1f} | {s['speedup']:.2f}x ({s['median_speedup']:.2f}x) | "
-            f"{s['acceptance']:.2f} | {s['mean_len']:.2f} | {s['steps_ratio']:.2f}x | "
-            f"{s['plain_ms_step']:.1f} / {s['spec_ms_step']:.1f} |")
+            f"{s['acceptance']:.2f} | {s['mean_len']:.2f} | {s['drafting_steps']:.0%} | "
+            f"{s['steps_ratio']:.2f}x | {s['plain_ms_step']:.1f} / {s['spec_ms_step']:.1f} |")
     return lines
 
 
@@ -389,6 +391,54 @@ def run_sweep(model, tok, convs, max_tokens, base, args) -> None:
         out.with_name(out.stem + "_sweep.md").write_text(text)
 
 
+WEIGHTS = {"gguf": "the file's Q4_1/Q8_0 blocks times float32 inputs (`quantization=\"gguf\"`, "
+                   "the default)",
+           "gguf_a8": "the same blocks times int8 inputs, integer products "
+                      "(`quantization=\"gguf_a8\"`, llama.cpp's arithmetic)",
+           "none": "float32 (`quantization=None`, BLAS)"}
+
+
+def measure(quantization: str, convs, spec, max_tokens, rounds, args) -> dict:
+    """One weight format: the chats with and without ``spec``, and a step's cost."""
+    model, tok = pnp.load_model(MODEL, quantization=None if quantization == "none"
+                                else quantization)
+    with pinned_threads(args.threads):
+        base = make_llm(model, tok, None)
+        if args.sweep:
+            run_sweep(model, tok, convs, max_tokens, base, args)
+            return {}
+        print(f"{MODEL} ({quantization}), {args.threads} threads, spec {spec}, "
+              f"max_tokens {max_tokens}, {rounds} round(s); load {load()}")
+        res = compare(model, tok, convs, spec, max_tokens, rounds, base=base)
+        ks = sorted({0, 1, args.k} if args.quick else {0, 1, 2, 4, 6, 8, 10, 12, args.k})
+        fwd = forward_ms(model, ks=ks, repeat=5 if args.quick else 20)
+        prods = {k: products_ms(model, 1 + k) for k in ks}
+    return dict(rows=rows_of(res), fwd=fwd, prods=prods, quantized=model.quantized)
+
+
+def section(quantization: str, r: dict, args) -> list[str]:
+    """One weight format's tables and targets."""
+    fwd, prods = r["fwd"], r["prods"]
+    return [
+        f"## Weights: {WEIGHTS[quantization]}",
+        "",
+        *table(r["rows"]),
+        "",
+        "The model's forward at batch 1 after 300 tokens in the paged cache, 1 + k query "
+        f"rows (all with logits, as a verify step needs), best of {5 if args.quick else 20}:",
+        "",
+        "| query rows | forward ms | vs 1 row | weight products alone, ms | vs 1 row |",
+        "|---|---|---|---|---|",
+        *[f"| 1 + {k} | {ms:.1f} | {ms / fwd[0]:.2f}x | {prods[k]:.1f} | "
+          f"{prods[k] / prods[0]:.2f}x |" for k, ms in fwd.items()],
+        "",
+        "Targets of issue 27 on these weights:",
+        "",
+        *targets(r["rows"]),
+        "",
+    ]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one prompt a category, one round")
@@ -400,8 +450,14 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=None, help="default 160 (--quick 96)")
     ap.add_argument("--rounds", type=int, default=None, help="default 2 (--quick 1)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--weights", default="gguf,gguf_a8",
+                    help=f"comma list of load_model quantizations, each measured in turn: "
+                         f"{', '.join(WEIGHTS)} (--sweep: the first)")
     ap.add_argument("--out", default=str(Path(__file__).with_suffix(".md")))
     args = ap.parse_args(argv)
+    formats = [w.strip() for w in args.weights.split(",") if w.strip()]
+    if not formats or any(w not in WEIGHTS for w in formats):
+        ap.error(f"--weights {args.weights!r}: expected a comma list of {', '.join(WEIGHTS)}")
     max_tokens = args.max_tokens or (96 if args.quick or args.sweep else 160)
     rounds = args.rounds or (1 if args.quick else 2)
     convs = prompts()
@@ -410,63 +466,43 @@ def main(argv=None) -> int:
     spec = {"method": "ngram", "num_speculative_tokens": args.k,
             "prompt_lookup_max": args.lookup_max, "prompt_lookup_min": args.lookup_min}
     t_start, load_start = time.perf_counter(), load()
-    model, tok = pnp.load_model(MODEL)
-    with pinned_threads(args.threads):
-        base = make_llm(model, tok, None)
-        if args.sweep:
-            run_sweep(model, tok, convs, max_tokens, base, args)
-            return 0
-        print(f"{MODEL}, {args.threads} threads, spec {spec}, max_tokens {max_tokens}, "
-              f"{rounds} round(s); load {load_start}")
-        res = compare(model, tok, convs, spec, max_tokens, rounds, base=base)
-        ks = sorted({0, 1, args.k} if args.quick else {0, 1, 2, 4, 6, 8, 10, 12, args.k})
-        fwd = forward_ms(model, ks=ks, repeat=5 if args.quick else 20)
-        prods = {k: products_ms(model, 1 + k) for k in ks}
+    if args.sweep:
+        measure(formats[0], convs, spec, max_tokens, rounds, args)
+        return 0
+    results = {w: measure(w, convs, spec, max_tokens, rounds, args) for w in formats}
     elapsed, load_end = time.perf_counter() - t_start, load()
-
-    rows = rows_of(res)
-    weights = ("the file's Q4_1/Q8_0 blocks, `paged_np.quant`" if model.quantized
-               else "float32")
     lines = [
         "# Speculative decoding with n-gram drafts: batch-1 tokens/s",
         "",
         f"Written by `python benchmarks/spec_decode.py{' --quick' if args.quick else ''}"
-        f"` (see its docstring) in {elapsed:.0f} s. "
-        f"Machine: {machine_line()}, shared; load average (1/5/15 min) {load_start} at the start, "
-        f"{load_end} at the end. Python {platform.python_version()}, NumPy {np.__version__}, "
-        f"BLAS and Numba threads pinned to {args.threads}.",
+        f"{'' if args.weights == 'gguf,gguf_a8' else ' --weights ' + args.weights}` (see its "
+        f"docstring) in {elapsed:.0f} s. Machine: {machine_line()}, shared; load average "
+        f"(1/5/15 min) {load_start} at the start, {load_end} at the end. Python "
+        f"{platform.python_version()}, NumPy {np.__version__}, BLAS and Numba threads "
+        f"pinned to {args.threads}.",
         "",
-        f"Model `{MODEL}` ({weights}), batch 1, greedy, `max_tokens={max_tokens}`; with "
-        f"`speculative_config={spec}`. Each prompt ran {rounds}x per mode, with and without "
-        "alternating; times are each prompt's best, the speedup in brackets the median of "
-        "the per-run ratios. *acceptance*: accepted drafts / drafts; *mean accepted length*: "
-        "tokens a drafting step emits (1 + accepted drafts); *steps saved*: engine steps "
-        "without / with; *model ms/step*: the forward's mean time per engine step. The "
-        "greedy token ids were identical with and without drafts for every prompt "
-        "(asserted).",
+        f"Model `{MODEL}`, batch 1, greedy, `max_tokens={max_tokens}`; with "
+        f"`speculative_config={spec}`; each weight format in turn. Each prompt ran "
+        f"{rounds}x per mode, with and without alternating; times are each prompt's best, "
+        "the speedup in brackets the median of the per-run ratios. *acceptance*: accepted "
+        "drafts / drafts; *mean accepted length*: tokens a drafting step emits (1 + "
+        "accepted drafts); *drafting steps*: the share of steps with drafts that checked "
+        "any (the rest found no recurring n-gram, or were paused after rejections); "
+        "*steps saved*: engine steps without / with; *model ms/step*: "
+        "the forward's mean time per engine step. The greedy token ids were identical with "
+        "and without drafts for every prompt (asserted). The two weight formats answer "
+        "with different texts (int8 inputs round differently), so their categories are "
+        "not the same work.",
         "",
-        *table(rows),
+        "A drafting step pays off when the tokens it emits (the mean accepted length) "
+        "exceed its cost in one-row forwards (the second table of each format). *Weight "
+        "products alone*: the forward's matrix products (`x @ W` for every layer's four "
+        "weight matrices, and the LM head), nothing else.",
         "",
-        "## What a drafting step costs",
-        "",
-        "The model's forward at batch 1 after 300 tokens in the paged cache, 1 + k query "
-        f"rows (all with logits, as a verify step needs), best of {5 if args.quick else 20}:",
-        "",
-        "| query rows | forward ms | vs 1 row | weight products alone, ms | vs 1 row |",
-        "|---|---|---|---|---|",
-        *[f"| 1 + {k} | {ms:.1f} | {ms / fwd[0]:.2f}x | {prods[k]:.1f} | "
-          f"{prods[k] / prods[0]:.2f}x |" for k, ms in fwd.items()],
-        "",
-        "A drafting step pays off when the tokens it emits (the mean accepted length) exceed "
-        "its cost in one-row forwards. *Weight products alone*: the same forward's matrix "
-        "products (`x @ W` for every layer's four weight matrices, and the LM head) through "
-        f"{'the quantized kernels' if model.quantized else 'BLAS'}, nothing else.",
-        "",
-        "## The targets (issue 27)",
-        "",
-        *targets(rows),
     ]
-    text = "\n".join(lines) + "\n"
+    for w, r in results.items():
+        lines += section(w, r, args)
+    text = "\n".join(lines)
     print(text)
     if args.out:
         Path(args.out).write_text(text)

@@ -1,11 +1,14 @@
 """Batch-1 decode and prefill of a GGUF model: quantized, float32, llama.cpp, transformers.
 
-One run, the four contenders alternating round by round on the same pinned
+One run, the five contenders alternating round by round on the same pinned
 thread count (BLAS, Numba, llama.cpp's ``n_threads``, torch):
 
 - **paged_np, quantized**: ``load_model(path)`` (``quantization="gguf"``: the
   file's Q4_1/Q8_0 blocks, :mod:`paged_np.quant`'s kernels), served by the
   :class:`~paged_np.Engine` (one step for the prefill, one per token);
+- **paged_np, int8 inputs**: ``load_model(path, quantization="gguf_a8")``: the
+  same blocks, each product's input quantized to int8 (:mod:`paged_np.quant.int8`,
+  llama.cpp's arithmetic; a measured option, not the default);
 - **paged_np, float32**: ``load_model(path, quantization=None)``, BLAS;
 - **llama.cpp** (llama-cpp-python, the ``compare`` extra; it builds from
   source, about 10 minutes on 2 cores) on the same file: ``eval`` of the
@@ -172,9 +175,11 @@ def measure(name: str = "smollm2-135m-instruct", threads: int = 2, rounds: int =
 
     path = fetch_model(name) if not str(name).endswith(".gguf") else Path(name)
     quant, tok = load_model(path)
+    a8, _ = load_model(path, quantization="gguf_a8")
     f32, _ = load_model(path, quantization=None)
     prompt = chat_prompt(tok, prompt_len)
     runs = {"paged_np quantized": lambda: engine_times(quant, prompt, n_tokens),
+            "paged_np int8 inputs": lambda: engine_times(a8, prompt, n_tokens),
             "paged_np float32": lambda: engine_times(f32, prompt, n_tokens)}
     missing = {}
     with pinned_threads(threads):
@@ -207,7 +212,8 @@ def measure(name: str = "smollm2-135m-instruct", threads: int = 2, rounds: int =
                     decode_median_ms=1e3 * float(np.median(s))) for k, (p, s) in got.items()}
     return dict(model=str(name), threads=threads, prompt_len=prompt_len, n_tokens=n_tokens,
                 rounds=rounds, rows=rows, missing=missing, bandwidth_gbs=bw,
-                file_weight_bytes=file_bytes, quant_bytes=quant.nbytes, f32_bytes=f32.nbytes,
+                file_weight_bytes=file_bytes, quant_bytes=quant.nbytes, a8_bytes=a8.nbytes,
+                f32_bytes=f32.nbytes,
                 bound_tokens_per_s=bw * 1e9 / file_bytes)
 
 
@@ -230,9 +236,9 @@ def write_table(res: dict) -> str:
              "| weights | bytes held | prefill ms | decode ms/token | tokens/s | vs quantized |",
              "|---|---|---|---|---|---|"]
     held = {"paged_np quantized": res["quant_bytes"], "paged_np float32": res["f32_bytes"],
-            "llama.cpp": res["file_weight_bytes"]}
+            "paged_np int8 inputs": res.get("a8_bytes"), "llama.cpp": res["file_weight_bytes"]}
     for k, r in rows.items():
-        mib = f"{held[k] / 2**20:.0f} MiB" if k in held else "float32"
+        mib = f"{held[k] / 2**20:.0f} MiB" if held.get(k) else "float32"
         lines.append(f"| {k} | {mib} | {1e3 * r['prefill_s']:.0f} | {r['decode_ms']:.2f} "
                      f"({r['decode_median_ms']:.2f}) | {1e3 / r['decode_ms']:.1f} | "
                      f"{r['decode_ms'] / q['decode_ms']:.2f}x |")
@@ -246,6 +252,10 @@ def write_table(res: dict) -> str:
         c = rows["llama.cpp"]
         lines.append(f"Decode, quantized / llama.cpp: {c['decode_ms'] / q['decode_ms']:.2f}x; "
                      f"prefill: {c['prefill_s'] / q['prefill_s']:.2f}x.")
+        if "paged_np int8 inputs" in rows:                  # the same arithmetic as llama.cpp
+            a = rows["paged_np int8 inputs"]
+            lines.append(f"Decode, int8 inputs / llama.cpp: {c['decode_ms'] / a['decode_ms']:.2f}x"
+                         f"; prefill: {c['prefill_s'] / a['prefill_s']:.2f}x.")
     if "compile_s" in res:
         lines.append(f"Cold compile of the quantized kernels and the fused layer operations "
                      f"(empty Numba cache, imports not counted): {res['compile_s']:.1f} s.")

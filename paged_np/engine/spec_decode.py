@@ -90,14 +90,14 @@ def propose_reference(token_ids: list, k: int, n_max: int, n_min: int) -> list[i
 
 #: A drafting step costs a forward over 1 + k rows and yields 1 + (accepted
 #: drafts) tokens. In principle the weights are read once either way and the
-#: wider step costs about one decode; measured on SmolLM2 at batch 1 on the
-#: file's quantized weights (benchmarks/spec_decode.md) it costs about 2x one
-#: at 1 + 2 rows and 3.5x at 1 + 8: each row still does its own arithmetic,
-#: and on 2 cores that is as slow as the weights' read. So a
-#: request keeps drafting only while its drafting steps emit at least this many
-#: tokens on average (the break-even of a 2.5x step): a rule on tokens per step,
-#: not on the acceptance rate, since one draft proposed and accepted is a rate
-#: of 1.0 and still a loss.
+#: wider step costs about one decode; measured on SmolLM2 at batch 1
+#: (benchmarks/spec_decode.md) a 1 + 8 row step costs 3.5x a one-row one on the
+#: file's blocks with float32 inputs (each row does its own multiply-adds, and on
+#: 2 cores that is as slow as the weights' read) and 2.2x with int8 inputs
+#: (``quantization="gguf_a8"``). So a request keeps drafting only while its
+#: drafting steps emit at least this many tokens on average (between the two
+#: break-evens): a rule on tokens per step, not on the acceptance rate, since one
+#: draft proposed and accepted is a rate of 1.0 and still a loss.
 BREAK_EVEN_TOKENS = 2.5
 #: Drafting steps the acceptance rate is measured over: enough drafts (4k) that
 #: one lucky or unlucky step does not decide, few enough to react within a sentence.
