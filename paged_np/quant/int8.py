@@ -14,10 +14,12 @@ minimum ``m``; Q8_0 codes ``q`` -128..127 are stored as ``u = q + 128`` with
 ``m = -128 d``, so both formats are the same formula and the unsigned codes
 suit the instruction. One ``vpdpbusd`` (:mod:`.simd`) does 64 of those
 products, four per lane, where float32 does 16: with more than a few input
-rows (a speculative verify step, prefill) the products were the bound, and
-this cuts them by about four. The price is the input's rounding: about
-0.4% of each block's largest value, measured as perplexity and KL against
-float32 in ``benchmarks/perplexity.py`` (``--weights gguf_a8``).
+rows (a speculative verify step, prefill) the products were the bound
+(``benchmarks/spec_decode.md`` times them at 1 to 13 rows on both paths).
+The price is the input's rounding, at most half a step of 1/127 of each
+block's largest value, measured as perplexity and KL against float32 by
+``python -m paged_np eval --weights none,gguf,gguf_a8``
+(``benchmarks/perplexity_weights.md``).
 
 Layout (built once on load by :class:`.matrix.QuantMatrix`, ``int8_activations``):
 output rows in chunks of 16 (one vector's lanes), and in each chunk's block
