@@ -93,3 +93,27 @@ def test_serve_passes_every_option_to_the_engine():
     assert (got.prefix_cache, got.schedule, got.preemption_mode, got.swap_pages) == (
         "radix", "lpm", "swap", 6)
     assert llm.engine.cache.cfg.num_pages == 24 and llm.engine.cache.cfg.prefix_cache == "radix"
+
+
+def test_quantization_flag_reaches_load_model():
+    """``--quantization`` on serve and chat; ``none`` means float32. (Not on the demo:
+    its check is that paged greedy tokens equal a dense forward's, which int8 inputs,
+    rounding tiny differences a whole step apart, do not keep.)"""
+    from paged_np.cli.options import quantization_of
+
+    for parse in (lambda a: serve.build_parser().parse_args(a), chat.parse_args):
+        assert quantization_of(parse([])) == "gguf"
+        assert quantization_of(parse(["--quantization", "gguf_a8"])) == "gguf_a8"
+        assert quantization_of(parse(["--quantization", "none"])) is None
+    args = serve.build_parser().parse_args(["--quantization", "gguf_a8", "--num-pages", "8"])
+    llm = serve.build_llm(args)                                  # the real model, int8 inputs
+    assert llm.engine.model.wqkv[0].int8_activations
+
+
+def test_quantization_flag_refused_for_the_random_model(capsys):
+    with pytest.raises(SystemExit):
+        chat.parse_args(["--model", "tiny", "--quantization", "gguf_a8"])
+    assert "--quantization gguf_a8" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        serve.build_parser().parse_args(["--quantization", "int4"])
+    assert "--quantization" in capsys.readouterr().err

@@ -20,7 +20,13 @@ import sys
 import time
 
 from . import kv_capacity_line
-from .options import add_engine_args, engine_config, engine_options
+from .options import (
+    add_engine_args,
+    add_quantization_arg,
+    engine_config,
+    engine_options,
+    quantization_of,
+)
 
 #: The chat's own defaults for engine options: a smaller arena than a server's
 #: (one conversation), and LLM's seats and token budget.
@@ -36,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per answer at most")
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     p.add_argument("--system", default=None, help="a system prompt (default: the template's)")
+    add_quantization_arg(p)
     add_engine_args(p, defaults=CHAT_DEFAULTS)     # every EngineConfig field, as a flag
     return p
 
@@ -48,6 +55,7 @@ def parse_args(argv):
     if args.temperature < 0:
         p.error("--temperature must be >= 0")
     engine_config(args, p)                         # a refused engine option exits here
+    quantization_of(args, p, random_model=args.model == "tiny")
     return args
 
 
@@ -61,7 +69,7 @@ def make_llm(args):
         tok = Tokenizer.tiny()
         model = LlamaModel.random(ModelConfig(vocab_size=tok.vocab_size), seed=0)
         return LLM(model, tokenizer=tok, **engine_options(args))
-    return LLM(args.model, **engine_options(args))
+    return LLM(args.model, quantization=quantization_of(args), **engine_options(args))
 
 
 def answer(llm, messages, params, write) -> tuple[str, object, float]:

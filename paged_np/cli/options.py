@@ -1,5 +1,9 @@
 """The engine's command-line flags, made from :class:`~paged_np.EngineConfig`'s fields.
 
+(And ``--quantization`` for ``serve`` and ``chat``, how a real model's weights are
+held: a load-time choice, not an engine field; :func:`add_quantization_arg` and
+:func:`quantization_of`.)
+
 Every command that runs the engine (``serve``, ``chat``, ``demo``) calls
 :func:`add_engine_args` on its parser and :func:`engine_options` on what it
 parsed, so each field of the config is a flag everywhere (``prefix_cache``
@@ -111,3 +115,31 @@ def engine_config(args: argparse.Namespace,
         if parser is None:
             raise
         parser.error(str(e))
+
+
+#: ``--quantization`` values: :data:`paged_np.models.QUANTIZATIONS`, ``none`` for None.
+QUANTIZATION_CHOICES = ("gguf", "gguf_a8", "q8_0", "none")
+
+
+def add_quantization_arg(parser: argparse.ArgumentParser) -> None:
+    """``--quantization``: how a loaded checkpoint's weights are held (load_model's)."""
+    parser.add_argument("--quantization", choices=QUANTIZATION_CHOICES, default="gguf",
+                        help="how a checkpoint's weights are held: gguf (the file's blocks, "
+                             "float32 inputs; default), gguf_a8 (the same blocks times "
+                             "int8 inputs, llama.cpp's arithmetic), q8_0 (quantize on "
+                             "load), none (float32)")
+
+
+def quantization_of(args: argparse.Namespace, parser=None, random_model: bool = False):
+    """``--quantization`` as :func:`paged_np.load_model` takes it. A random toy model has
+    float32 weights only: with ``random_model``, another choice than the default exits
+    through ``parser.error`` (when given) as a refused flag does."""
+    if random_model and args.quantization != "gguf":
+        message = (f"--quantization {args.quantization}: the random toy model has float32 "
+                   "weights only; drop the flag or load a checkpoint")
+        if parser is not None:
+            parser.error(message)
+        from ..errors import InvalidArgument
+
+        raise InvalidArgument(message)
+    return None if args.quantization == "none" else args.quantization

@@ -28,7 +28,13 @@ from __future__ import annotations
 import argparse
 
 from . import kv_capacity_line
-from .options import add_engine_args, engine_config, engine_options
+from .options import (
+    add_engine_args,
+    add_quantization_arg,
+    engine_config,
+    engine_options,
+    quantization_of,
+)
 
 # A model that needs no download: random weights and the tiny test tokenizer.
 TINY_MODEL = "tiny-random"
@@ -60,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default: token counts, pages and states only)")
     # every EngineConfig field is a flag (--prefix-cache radix --schedule lpm ...);
     # a server seats more sequences, and batches more tokens, than the library's defaults
+    add_quantization_arg(ap)
     add_engine_args(ap, defaults=SERVE_DEFAULTS)
     return ap
 
@@ -86,7 +93,7 @@ def build_llm(args):
     else:
         from ..models import load_model
 
-        model, tok = load_model(args.model)
+        model, tok = load_model(args.model, quantization=quantization_of(args))
     llm = LLM(model, tokenizer=tok, verbose=True, **engine_options(args))
     llm.model_name = args.served_model_name or args.model
     return llm
@@ -96,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     engine_config(args, parser)                  # a refused option exits here, before loading
+    quantization_of(args, parser, random_model=args.model == TINY_MODEL)
     from ..engine.server import serve
 
     llm = build_llm(args)
