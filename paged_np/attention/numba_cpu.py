@@ -90,7 +90,7 @@ BLOCK_KEYS = 128
 
 @njit(**JIT_OPTIONS)
 def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, klo, khi, window,
-                 out, lse, qt, row_pos, s, m, l, acc, k_scales, v_scales, ksc, vsc, lanes):
+                 out, lse, qt, row_pos, s, m, l, acc, k_scales, v_scales, ksc, vsc, scratch):
     """One work item: ``nq`` queries x ``n_kv * G`` heads against keys ``[klo, khi)``.
 
     The item covers kv heads ``kvh0 .. kvh0 + n_kv - 1``. Writes the
@@ -147,9 +147,9 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, kl
             mask_scores(s, row_pos, RT, key0, n, window)
         n16 = pad_block(s, RT, n)  # keys past n masked, up to a multiple of 16
         if k_scales is not None:  # scales each score and weight by its token's scales
-            online_softmax_scaled(s, m, l, acc, RT, n16, ksc, vsc, R4, lanes)
+            online_softmax_scaled(s, m, l, acc, RT, n16, ksc, vsc, R4, scratch)
         else:
-            online_softmax(s, m, l, acc, RT, n16, lanes)
+            online_softmax(s, m, l, acc, RT, n16, scratch)
         for j in range(blk, blk_hi):  # acc[:RT] += p[:RT, :n] @ V
             c = (j - blk) * P
             nxt = bt_row[j + 1] if j + 1 < page_hi else -1
@@ -191,7 +191,7 @@ def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, it
     acc = np.empty((RT, D), np.float32)
     ksc = np.ones((heads_per_item, KB + SPARE_COLUMNS), np.float32)  # a block's scales
     vsc = np.ones((heads_per_item, KB + SPARE_COLUMNS), np.float32)  # (8-bit pages)
-    lanes = np.empty(LANES, np.float32)
+    scratch = np.empty(LANES + RT, np.float32)  # the softmax's lane sums and maxima
     for w in range(w0, w1):
         it = items[w]
         b, q0, nq = it[ITEM_SEQ], it[ITEM_Q0], it[ITEM_NQ]
@@ -202,7 +202,7 @@ def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, it
         _attend_item(q2, k_pages, v_pages, block_tables[b], first_pos, q0, nq, it[ITEM_KVH],
                      heads_per_item, it[ITEM_KLO], it[ITEM_KHI], window, part_out[it[ITEM_SPLIT]],
                      part_lse[it[ITEM_SPLIT]], qt, row_pos, s, m, l, acc, k_scales, v_scales,
-                     ksc, vsc, lanes)
+                     ksc, vsc, scratch)
 
 
 def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,

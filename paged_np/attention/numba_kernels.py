@@ -296,23 +296,45 @@ def _lane_sum(s, r, n16, lanes):
     return total
 
 
+@njit(**JIT_OPTIONS)
+def block_max(s, m, n_rows, n16, m_new):
+    """``m_new[r] = max(m[r], max(s[r, :n16]))``. A maximum is exact in any order, so
+    this loop keeps full fast-math (vectorised); only the sums forbid regrouping."""
+    for r in range(n_rows):
+        x = m[r]
+        for t in range(n16):
+            x = max(x, s[r, t])
+        m_new[r] = x
+
+
+@njit(**JIT_OPTIONS)
+def scale_scores(s, ksc, n_rows, n16, rows_per_head):
+    """8-bit pages: ``s[r, t] *= ksc[head of r, t]`` where not :data:`MASKED`."""
+    for r in range(n_rows):
+        h = r // rows_per_head
+        for t in range(n16):
+            x = s[r, t]
+            s[r, t] = x * ksc[h, t] if x != MASKED else x
+
+
 @njit(**NO_REASSOC)
-def online_softmax(s, m, l, acc, n_rows, n16, lanes):
+def online_softmax(s, m, l, acc, n_rows, n16, scratch):
     """Fold one block's scores into the running (max, sum); rescale ``acc``.
 
     ``n16``: the block's keys padded by :func:`pad_block`. On return ``s[r, :n16]``
     holds the weights ``p = 2**(s - m_new)`` that the ``p @ V`` step adds to the
-    accumulator (0 for masked and padding keys); ``lanes`` is scratch [LANES].
+    accumulator (0 for masked and padding keys). ``scratch`` float32
+    ``[LANES + n_rows]``: the lane sums, then each row's new maximum.
     """
     D = acc.shape[1]
+    lanes, m_new = scratch[:LANES], scratch[LANES:]
+    block_max(s, m, n_rows, n16, m_new)
     for r in range(n_rows):
-        m_new = m[r]
+        mr = m_new[r]
+        alpha = exp2(m[r] - mr)  # how much the old sum and acc shrink
         for t in range(n16):
-            m_new = max(m_new, s[r, t])
-        alpha = exp2(m[r] - m_new)  # how much the old sum and acc shrink
-        for t in range(n16):
-            s[r, t] = exp2(s[r, t] - m_new)
-        m[r] = m_new
+            s[r, t] = exp2(s[r, t] - mr)
+        m[r] = mr
         l[r] = l[r] * alpha + _lane_sum(s, r, n16, lanes)
         if alpha != 1.0:
             for d in range(D):
@@ -320,7 +342,7 @@ def online_softmax(s, m, l, acc, n_rows, n16, lanes):
 
 
 @njit(**NO_REASSOC)
-def online_softmax_scaled(s, m, l, acc, n_rows, n16, ksc, vsc, rows_per_head, lanes):
+def online_softmax_scaled(s, m, l, acc, n_rows, n16, ksc, vsc, rows_per_head, scratch):
     """:func:`online_softmax` for 8-bit pages, whose scores came from the codes.
 
     A score is ``q . (code * scale_k) = scale_k * (q . code)`` and a weight
@@ -328,29 +350,17 @@ def online_softmax_scaled(s, m, l, acc, n_rows, n16, ksc, vsc, rows_per_head, la
     each token's scales multiply its column once here: ``ksc, vsc`` ``[heads,
     n16]`` hold the block's scales of each kv head, and row ``r`` belongs to
     head ``r // rows_per_head``. Masked scores stay :data:`MASKED`. On return
-    ``s[r, :n16]`` holds ``p * scale_v``; ``l`` sums the plain ``p``. Fused
-    here rather than a pass of its own: a separate pass over the block cost
-    half the time of the int8 decode kernel (measured at context 8192).
+    ``s[r, :n16]`` holds ``p * scale_v``; ``l`` sums the plain ``p``. (A separate
+    pass over the block for the scales cost half the time of the int8 decode
+    kernel at context 8192 when it was a kernel of its own; here it is one more
+    loop over a block already in L1.)
     """
-    D = acc.shape[1]
+    scale_scores(s, ksc, n_rows, n16, rows_per_head)
+    online_softmax(s, m, l, acc, n_rows, n16, scratch)
     for r in range(n_rows):
         h = r // rows_per_head
-        m_new = m[r]
-        for t in range(n16):
-            x = s[r, t]
-            x = x * ksc[h, t] if x != MASKED else x
-            s[r, t] = x
-            m_new = max(m_new, x)
-        alpha = exp2(m[r] - m_new)
-        for t in range(n16):
-            s[r, t] = exp2(s[r, t] - m_new)
-        m[r] = m_new
-        l[r] = l[r] * alpha + _lane_sum(s, r, n16, lanes)
         for t in range(n16):
             s[r, t] *= vsc[h, t]
-        if alpha != 1.0:
-            for d in range(D):
-                acc[r, d] *= alpha
 
 
 @njit(**JIT_OPTIONS)
