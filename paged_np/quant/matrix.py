@@ -31,6 +31,12 @@ but was twice as slow inside the model: Numba's and OpenBLAS's threads each
 spin for a while after their call and take the other's core
 (``docs/design.md``, "No BLAS in the quantized model").
 
+With ``int8_activations`` (``quantization="gguf_a8"``,
+:meth:`QuantMatrix.with_int8_activations`) the same blocks are held in
+:mod:`.int8`'s layout (16-row chunks, four codes of a row side by side) and
+every ``T`` goes to ``int8.matmul``: the input is quantized to int8 and the
+products are integer dot products (:mod:`.simd`).
+
 ``F32`` and ``F16`` tensors are held as a float32 ``[in, out]`` array and
 multiplied by BLAS (same interface).
 """
