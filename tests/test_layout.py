@@ -5,9 +5,9 @@
   functions): nothing outside ``cli/`` imports from ``cli/``, and nothing in
   ``cache/`` imports from ``engine/``, ``models/``, ``sim/`` or ``viz/``.
 - Every name in ``paged_np.__all__`` imports.
-- No text file in the repository points at a file outside it (``DESIGN.md``, the
-  workspace's shared folder, an absolute path into the workspace, a relative path
-  that climbs out).
+- No text file in the repository points at a file outside it (the old upper-case
+  design contract, the workspace's common folder, an absolute path into the
+  workspace, a relative path that climbs out).
 """
 
 from __future__ import annotations
@@ -127,14 +127,16 @@ def test_all_lists_the_public_names_once():
 
 # ---------------------------------------------------------------- outside files
 TEXT_SUFFIXES = {".py", ".md", ".ipynb", ".yml", ".yaml", ".toml"}
-# The patterns are built from pieces, so this file itself names no outside path.
+# Every pattern is built from pieces, so this file itself names no outside path.
+OLD_CONTRACT = "DES" + "IGN" + ".md"
 SHARED_DIR, WORKSPACE = "sha" + "red" + "/", "/" + "work" + "/"
+UP = "." + "./"                                                 # one directory up
 OUTSIDE = [
-    (re.compile(r"DESIGN\.md"), "the old design contract (now docs/design.md)"),
-    (re.compile(r"(?<![\w.])" + SHARED_DIR), "the workspace's shared folder"),
+    (re.compile(re.escape(OLD_CONTRACT)), "the old design contract (now docs/design.md)"),
+    (re.compile(r"(?<![\w.])" + SHARED_DIR), "the workspace's common folder"),
     (re.compile(WORKSPACE), "an absolute path on the build machine"),
 ]
-UP_PATH = re.compile(r"(?<![\w.])((?:\.\./)+[\w.-][\w./-]*)")
+UP_PATH = re.compile(r"(?<![\w.])((?:" + re.escape(UP) + r")+[\w.-][\w./-]*)")
 
 
 def _repo_text_files() -> list[Path]:
@@ -164,10 +166,10 @@ def outside_references(path: Path, text: str) -> list[str]:
 def test_the_outside_reference_check_can_fail(tmp_path):
     inside = ROOT / "docs" / "concepts" / "x.md"
     outside_style = WORKSPACE + SHARED_DIR + "STYLE.md"
-    text = (f"see DESIGN.md and {outside_style}, then [a](" + "../" * 3 + "other/x.md);"
-            " but [b](../index.md) is fine")
+    text = (f"see {OLD_CONTRACT} and {outside_style}, then [a](" + UP * 3 + "other/x.md);"
+            f" but [b]({UP}index.md) is fine")
     found = outside_references(inside, text)
-    assert len(found) == 4, found   # DESIGN.md, the shared folder, the workspace, the climb
+    assert len(found) == 4, found   # old contract, common folder, the workspace, the climb
     assert not any("index.md" in f for f in found)
 
 

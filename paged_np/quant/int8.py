@@ -193,11 +193,11 @@ def embed(qv, d, m, ids, out):
         c, r = ids[t] // ROWS, ids[t] % ROWS
         for b in range(nb):
             db = d[c, b, r]
+            mb = m[c, b, r] if Q == 4 else np.float32(0.0)       # Q8 keeps no minimum
             for k in range(Q):
                 for i in range(4):
                     u = qv[c, b, k, r, i]
                     if Q == 4:
-                        mb = m[c, b, r]
                         out[t, 32 * b + 4 * k + i] = db * np.float32(u & np.uint8(15)) + mb
                         out[t, 32 * b + 16 + 4 * k + i] = db * np.float32(u >> np.uint8(4)) + mb
                     else:
