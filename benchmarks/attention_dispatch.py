@@ -15,13 +15,21 @@ and the kernel bench's batch of 8 at a one-page context):
 - *with metadata*: ``paged_attention(q, k, v, metadata=meta)`` with ``meta``
   built once (what the model does): only q and the pages are checked, and the
   numba backend reuses its plan;
-- *with metadata, on every thread*: the same, with a plan made while the
-  threshold of ``numba_plan.choose_num_threads`` was one byte, so the thread
-  pool runs it, as it ran every call before that threshold existed;
+- *with metadata, on one thread*: the same, with a plan made while the
+  threshold of ``numba_plan.choose_num_threads`` was out of reach, so the
+  calling thread runs every item (the plan of the first row uses Numba's
+  worker threads where the bytes to read pass ``MIN_BYTES_PER_THREAD``);
 - the parts: validating the whole call, building the metadata, planning the
-  kernel's work (``numba_plan.make_plan``), and the jitted item loop alone.
+  kernel's work (``numba_plan.make_plan``), and the jitted item loop alone, on one
+  thread and on the plan's threads.
 
-Prints a markdown table; ``docs/concepts/kernels.md`` quotes it.
+Then a SmolLM2-135M *verify* layer (one sequence, 9 queries: 1 + 8 drafts, at
+context 300), the jitted item loop alone: on one thread, and on two threads
+with the queries cut into tiles of 9, 5 and 1 (the plan picks 5, see
+``numba_plan.choose_verify_tile``). Every variant is checked to give the same
+bits.
+
+Prints markdown tables; ``docs/concepts/kernels.md`` and ``numba_plan`` quote them.
 """
 
 from __future__ import annotations
@@ -74,29 +82,53 @@ def measure(q, k, v, bt, sl, qsl):
     out, lse = np.zeros(q.shape, np.float32)[None], np.zeros(q.shape[:2], np.float32)[None]
     items = plan.items
 
-    # A second metadata whose plan is made with a one-byte threshold: every thread, as
-    # every call ran before the plan looked at the bytes to read.
-    pooled = AttentionMetadata.build(bt, sl, qsl, num_pages=k.shape[0], page_size=P)
-    min_bytes, numba_plan.MIN_BYTES_PER_THREAD = numba_plan.MIN_BYTES_PER_THREAD, 1
+    # A second metadata whose plan is made with a threshold no call reaches: one thread.
+    single = AttentionMetadata.build(bt, sl, qsl, num_pages=k.shape[0], page_size=P)
+    min_bytes, numba_plan.MIN_BYTES_PER_THREAD = numba_plan.MIN_BYTES_PER_THREAD, 1 << 62
     try:
-        paged_attention(q, k, v, metadata=pooled, backend="numba")  # makes and keeps the plan
+        paged_attention(q, k, v, metadata=single, backend="numba")  # makes and keeps the plan
     finally:
         numba_plan.MIN_BYTES_PER_THREAD = min_bytes
     return {
         "plain call": best_us(lambda: paged_attention(q, k, v, bt, sl, qsl, backend="numba")),
         "with metadata": best_us(lambda: paged_attention(q, k, v, metadata=meta,
                                                          backend="numba")),
-        "with metadata, on every thread": best_us(lambda: paged_attention(
-            q, k, v, metadata=pooled, backend="numba")),
+        "with metadata, on one thread": best_us(lambda: paged_attention(
+            q, k, v, metadata=single, backend="numba")),
         "validate (whole call)": best_us(lambda: validate_paged_attention_inputs(*args[:6])),
         "build metadata": best_us(lambda: AttentionMetadata.build(
             bt, sl, qsl, num_pages=k.shape[0], page_size=P)),
         "plan (make_plan)": best_us(lambda: numba_plan.make_plan(
             sl64, qsl64, H, Hkv, P, k.itemsize, D, 0)),
-        "jitted item loop alone": best_us(lambda: numba_cpu._run_items(
+        "jitted item loop alone, one thread": best_us(lambda: numba_cpu._run_items(
             q2, k, v, bt, sl64, qsl64, items, 0, len(items), plan.q_tile * (H // Hkv), 0,
+            out, lse, plan.heads_per_item, None, None)),
+        "jitted item loop on the plan's threads": best_us(lambda: numba_cpu._attend_items(
+            q2, k, v, bt, sl64, qsl64, items, plan.num_threads, plan.q_tile * (H // Hkv), 0,
             out, lse, plan.heads_per_item)),
     }, plan.num_threads
+
+
+def verify_tiles() -> dict:
+    """A 9-query verify layer's item loop: one thread, then two threads and query tiles."""
+    q, k, v, bt, _, _ = case(1, 9, 3, 64, 309)
+    q = np.random.default_rng(1).standard_normal((9, 9, 64), dtype=np.float32)
+    sl, qsl = np.array([309], np.int64), np.array([0, 9], np.int64)
+    G, P, D = 3, k.shape[2], 64
+    res, want = {}, None
+    variants = [("one thread, one tile of 9 queries", 1, 9)] + [
+        (f"two threads, tiles of {t} queries", 2, t) for t in (9, 5, 1)]
+    for name, threads, tile in variants:
+        plan = numba_plan.make_plan(sl, qsl, 9, 3, P, 4, D, 0, num_threads=threads,
+                                    num_splits=1, q_tile=tile)
+        out = np.zeros((1, 9, 9, D), np.float32)
+        lse = np.zeros((1, 9, 9), np.float32)
+        args = (q, k, v, bt, sl, qsl, plan.items, threads, tile * G, 0, out, lse,
+                plan.heads_per_item)
+        res[name] = best_us(lambda args=args: numba_cpu._attend_items(*args))
+        want = out.copy() if want is None else want
+        assert np.array_equal(out, want), name                    # the same bits
+    return res
 
 
 def main(argv) -> int:
@@ -116,6 +148,10 @@ def main(argv) -> int:
     print("|---|" + "---|" * len(names))
     for part in rows[names[0]]:
         print(f"| {part} | " + " | ".join(f"{rows[n][part]:.0f}" for n in names) + " |")
+    print("\nSmolLM2-135M verify layer (B=1, 9 queries, heads 9/3, head_dim 64, context 300), "
+          "the jitted item loop:\n\n| variant | us |\n|---|---|")
+    for name, us in verify_tiles().items():
+        print(f"| {name} | {us:.0f} |")
     return 0
 
 

@@ -31,8 +31,7 @@ BOUNDSCHECK = os.environ.get("PAGED_NP_BOUNDSCHECK", "0") not in ("", "0")
 #: Options for every jitted kernel.
 #: ``fastmath`` lets LLVM reorder float sums (vectorise them); it also assumes
 #: no infinities, so kernels never start a running max at ``-inf``. ``nogil``
-#: lets the CPU backend run its item loops on several Python threads at once
-#: (see :mod:`paged_np.attention.numba_cpu`).
+#: lets Python threads (the server's, a user's) call kernels side by side.
 JIT_OPTIONS = dict(cache=not BOUNDSCHECK, fastmath=True, nogil=True, boundscheck=BOUNDSCHECK)
 
 EVICTION_POLICIES = ("lru", "fifo", "lfu")

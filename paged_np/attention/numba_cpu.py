@@ -31,7 +31,7 @@ arithmetic, but arranged for a 2-core machine whose memory bus is the limit:
 
 Three layers, as everywhere in paged_np: ``paged_attention`` validates, then
 :func:`forward` (plain Python) plans and calls the driver here
-(:func:`_attend_items`: the threads, over the jitted item loop
+(:func:`_attend_items`: Numba's threads, :func:`_run_blocks`, over the jitted item loop
 :func:`_run_items` and :func:`_attend_item`), which calls the small helpers of
 :mod:`paged_np.attention.numba_kernels`.
 
@@ -51,14 +51,12 @@ inner loops (:mod:`.numba_widen`) and scaled once per score and weight
 from __future__ import annotations
 
 import os
-import threading
-from concurrent.futures import ThreadPoolExecutor, wait
 
 import numba
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
-from ..config import JIT_OPTIONS
+from ..config import BOUNDSCHECK, JIT_OPTIONS
 from .numba_kernels import (
     EMPTY,
     LANES,
@@ -205,64 +203,56 @@ def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, it
                      ksc, vsc, scratch)
 
 
+@njit(parallel=True, **JIT_OPTIONS)
+def _run_blocks(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
+                num_threads, max_rows, window, part_out, part_lse, heads_per_item, k_scales,
+                v_scales):
+    """Block ``th`` of the plan on thread ``th``: Numba's own worker threads (OpenMP), the
+    ones the weight products of the layer just used, so they are still awake: handing
+    them a block costs about a microsecond (``benchmarks/attention_dispatch.py``)."""
+    per_thread = items.shape[0] // num_threads
+    for th in prange(num_threads):
+        _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
+                   th * per_thread, (th + 1) * per_thread, max_rows, window, part_out,
+                   part_lse, heads_per_item, k_scales, v_scales)
+
+
 def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
                   num_threads, max_rows, window, part_out, part_lse, heads_per_item=1,
                   k_scales=None, v_scales=None):
-    """The parallel driver: thread ``th`` runs block ``th`` of the plan.
+    """The driver: thread ``th`` runs block ``th`` of the plan (:func:`_run_blocks`).
 
     ``items`` holds one contiguous block of rows per thread (see
-    :func:`plan_items`). The threads are plain Python threads calling the
-    jitted :func:`_run_items`, which releases the GIL (``nogil``), rather than
-    an ``@njit(parallel=True)`` ``prange`` loop: same speed, but Numba
-    re-optimises the whole kernel inside every ``prange`` function, which
-    measured 3.6 s of extra cold compile per page dtype (15.5 s in all
-    against 8 s).
+    :func:`plan_items`); every block writes rows of its own, so the threads share
+    nothing. Three cases take all the blocks on the calling thread instead, one after
+    the other (the same items, the same bits):
+
+    - a plan for one thread;
+    - a process forked from one whose OpenMP threads had started: GNU OpenMP kills
+      such a child on its first parallel loop (:data:`_FORKED`);
+    - the bounds-checking debug build (``PAGED_NP_BOUNDSCHECK=1``): inside a ``prange``
+      loop a failed check is lost, and the point of that build is to raise it.
     """
-    per_thread = items.shape[0] // num_threads
     args = (q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items)
     tail = (max_rows, window, part_out, part_lse, heads_per_item, k_scales, v_scales)
-    futures = []
-    try:
-        pool = _pool(num_threads) if num_threads > 1 else None
-        for th in range(1, num_threads):
-            futures.append(pool.submit(_run_items, *args, th * per_thread,
-                                       (th + 1) * per_thread, *tail))
-        _run_items(*args, 0, per_thread, *tail)  # block 0 in this thread
-    finally:
-        # Even when this thread's block raised: the workers still write into
-        # part_out/part_lse, so no caller may see (or reuse) them until all stop.
-        wait(futures)
-    for f in futures:
-        f.result()  # a worker's exception, raised here
+    if num_threads == 1 or _FORKED or BOUNDSCHECK:
+        _run_items(*args, 0, items.shape[0], *tail)
+    else:
+        _run_blocks(*args, num_threads, *tail)
 
 
-# One pool per thread count, made on first use. Two threads may ask at once
-# (the lock), and a forked child inherits the dict but not the worker threads:
-# an executor whose workers are gone waits forever on the first task, so the
-# child forgets the parent's pools and makes its own (os.register_at_fork).
-_POOLS: dict = {}
-_POOLS_LOCK = threading.Lock()
+#: True in a process forked from this one (set by ``os.register_at_fork``): its
+#: attention runs on the calling thread only (see :func:`_attend_items`).
+_FORKED = False
 
 
-def _pool(num_threads):
-    """A thread pool with ``num_threads - 1`` workers, made once per thread count."""
-    with _POOLS_LOCK:
-        pool = _POOLS.get(num_threads)
-        if pool is None:
-            pool = _POOLS[num_threads] = ThreadPoolExecutor(num_threads - 1,
-                                                            thread_name_prefix="paged_np")
-        return pool
-
-
-def _forget_pools_after_fork():
-    """In a forked child: drop the parent's pools (their threads did not fork)."""
-    global _POOLS_LOCK
-    _POOLS.clear()
-    _POOLS_LOCK = threading.Lock()  # the parent may have held it while forking
+def _note_fork():
+    global _FORKED
+    _FORKED = True
 
 
 if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
-    os.register_at_fork(after_in_child=_forget_pools_after_fork)
+    os.register_at_fork(after_in_child=_note_fork)
 
 
 @njit(**JIT_OPTIONS)

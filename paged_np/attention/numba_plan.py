@@ -27,9 +27,15 @@ PREFILL_ROWS = 64
 ITEMS_PER_THREAD = 4
 #: A split-K part covers at least this many pages (smaller parts cost more to merge).
 MIN_PAGES_PER_SPLIT = 8
-#: A second thread joins only for at least this many bytes of K/V per thread
-#: (see :func:`choose_num_threads`).
-MIN_BYTES_PER_THREAD = 2 << 20
+#: A second thread joins for at least this many bytes of K/V per thread, as the queries
+#: read them (see :func:`choose_num_threads`).
+MIN_BYTES_PER_THREAD = 64 << 10
+#: Split-K is considered only for sequences with at least this many bytes of K/V per
+#: thread (see :func:`choose_split_threads`).
+MIN_BYTES_PER_SPLIT_THREAD = 2 << 20
+#: A decode or verify step whose keys are not split cuts each sequence's queries into
+#: tiles enough for this many items per thread (see :func:`choose_verify_tile`).
+TILE_ITEMS_PER_THREAD = 2
 
 #: Columns of the plan (one row per work item), read by the kernel's item loop.
 ITEM_SEQ, ITEM_Q0, ITEM_NQ, ITEM_KVH, ITEM_KLO, ITEM_KHI, ITEM_SPLIT = range(7)
@@ -116,12 +122,36 @@ def choose_num_splits(n_items: int, max_pages, num_threads: int):
 def choose_num_threads(work_bytes: int, max_threads: int) -> int:
     """Threads worth waking for ``work_bytes`` of K/V to read: one per :data:`MIN_BYTES_PER_THREAD`.
 
-    Handing a block of items to a pool thread and waiting for it costs about
-    0.1 ms here (a Python thread wakes, takes the GIL, calls the kernel):
-    more than the whole attention of a small layer (SmolLM2-135M at batch 1
-    reads ~0.5 MB a layer, ~0.05 ms). Such calls run on the calling thread.
+    The threads are Numba's (OpenMP) workers, which the layer's weight
+    products just used: handing one a block of items costs about a
+    microsecond, and two threads beat one from about 24 keys of SmolLM2-135M
+    (``benchmarks/attention_dispatch.py`` times the thread counts).
     """
     return max(1, min(max_threads, work_bytes // MIN_BYTES_PER_THREAD))
+
+
+def choose_split_threads(work_bytes: int, max_threads: int) -> int:
+    """The thread count split-K plans for: one per :data:`MIN_BYTES_PER_SPLIT_THREAD`.
+
+    Splitting a sequence's keys pays only when a sequence is long: each part is
+    merged afterwards, and a split verify step computes each query in an item of
+    its own instead of all of them in one (twice the time at 9 queries). So a
+    short sequence is never split, however many threads run its items.
+    """
+    return max(1, min(max_threads, work_bytes // MIN_BYTES_PER_SPLIT_THREAD))
+
+
+def choose_verify_tile(n_q_max: int, n_items: int, num_threads: int, max_tile: int) -> int:
+    """Queries per item for an unsplit decode or verify step: few enough tiles that each
+    item still has rows to spare, enough for :data:`TILE_ITEMS_PER_THREAD` items a thread.
+
+    SmolLM2-135M's verify step (9 queries, 3 kv heads, context 300) on 2 threads:
+    tiles of 5 queries (6 items) took 75 us a layer, one tile per kv head (3 items: one
+    thread takes two) 79 us, tiles of 1 query 141 us (each item re-reads the keys), one
+    thread 117 us (``python benchmarks/attention_dispatch.py``).
+    """
+    tiles = -(-TILE_ITEMS_PER_THREAD * num_threads // max(n_items, 1))  # per sequence
+    return max(1, min(max_tile, -(-n_q_max // tiles)))
 
 
 class Plan(NamedTuple):
@@ -154,43 +184,51 @@ def make_plan(seq_lens, qsl, num_heads, num_kv_heads, page_size, kv_itemsize, he
     keys = np.minimum(seq_lens, window + n_q) if window else seq_lens
     kv_bytes = num_kv_heads * head_dim * kv_itemsize * 2  # K and V bytes of one key
     if q_tile is None and n_q.max() <= DECODE_QUERIES:  # decode, or verify drafts
-        # Threads, heads and splits follow from the sequences alone, as if each brought
-        # one query (a sequence's K/V come from memory once; its other queries find them
-        # in cache), so a query is computed alike whether its sequence has 1 query in
-        # the step or 9 drafts: the bits of its output do not depend on the batch
-        # (greedy speculative decoding leans on that).
+        # Splits follow from the sequences alone, as if each brought one query (a
+        # sequence's K/V come from memory once; its other queries find them in cache),
+        # so a query is computed alike whether its sequence has 1 query in the step or
+        # 9 drafts: the bits of its output do not depend on the batch (greedy
+        # speculative decoding leans on that).
         seqs = int((n_q > 0).sum())
-        if num_threads is None:
-            num_threads = choose_num_threads(int(keys[n_q > 0].sum()) * kv_bytes,
-                                             numba.get_num_threads())
+        max_threads = numba.get_num_threads()
+        one_query_bytes = int(keys[n_q > 0].sum()) * kv_bytes
+        split_threads = num_threads or choose_split_threads(one_query_bytes, max_threads)
         if heads_per_item is None:
-            heads_per_item = choose_heads_per_item(seqs, num_kv_heads, 1, num_threads)
+            heads_per_item = choose_heads_per_item(seqs, num_kv_heads, 1, split_threads)
         n_items = seqs * num_kv_heads // heads_per_item
         if num_splits is None:  # each query's parts from its own pages
             def num_splits(pages):
-                return choose_num_splits(n_items, pages, num_threads)
+                return choose_num_splits(n_items, pages, split_threads)
         longest = np.array([-(-int(seq_lens[n_q > 0].max()) // page_size)])
         unsplit = (num_splits(longest)[0] if callable(num_splits) else num_splits) == 1
-        # One item for all of a sequence's queries keeps decode's bits (the kernel's
-        # grouping does not depend on the keys after a row's own) unless its keys are
-        # split or windowed: those parts start where the item's first query says.
-        q_tile = max(1, PREFILL_ROWS // G) if unsplit and not window else 1
-        if q_tile > 1:
+        # Threads only run items: any number keeps the bits. Count the keys each query
+        # reads, over every query.
+        if num_threads is None:
+            num_threads = choose_num_threads(int((n_q * keys).sum()) * kv_bytes, max_threads)
+        # An item of several queries keeps decode's bits (the kernel's grouping does not
+        # depend on the keys after a row's own, nor on the other rows) unless its keys
+        # are split or windowed: those parts start where the item's first query says.
+        if unsplit and not window:
+            q_tile = choose_verify_tile(int(n_q.max()), n_items, num_threads,
+                                        max(1, PREFILL_ROWS // G))
             num_splits = 1
+        else:
+            q_tile = 1
     else:
         if q_tile is None:  # prefill: ~PREFILL_ROWS rows
             q_tile = max(1, PREFILL_ROWS // G)
         n_tiles_each = (n_q + q_tile - 1) // q_tile  # [B]
         n_tiles = int(n_tiles_each.sum())
-        if num_threads is None:  # K and V bytes each query tile reads (its keys)
-            work = int((n_tiles_each * keys).sum()) * kv_bytes
+        work = int((n_tiles_each * keys).sum()) * kv_bytes  # K/V bytes the tiles read
+        split_threads = num_threads or choose_split_threads(work, numba.get_num_threads())
+        if num_threads is None:
             num_threads = choose_num_threads(work, numba.get_num_threads())
         if heads_per_item is None:
             heads_per_item = choose_heads_per_item(n_tiles, num_kv_heads, q_tile, num_threads)
         if num_splits is None:
             max_pages = int(-(-int(seq_lens[n_q > 0].max()) // page_size))
             num_splits = choose_num_splits(n_tiles * num_kv_heads // heads_per_item,
-                                           max_pages, num_threads)
+                                           max_pages, split_threads)
     items = plan_items(seq_lens, qsl, n_q, page_size, num_kv_heads, int(q_tile),
                        num_splits if callable(num_splits) else int(num_splits), window,
                        int(num_threads), int(heads_per_item))
