@@ -15,17 +15,18 @@ and the kernel bench's batch of 8 at a one-page context):
 - *with metadata*: ``paged_attention(q, k, v, metadata=meta)`` with ``meta``
   built once (what the model does): only q and the pages are checked, and the
   numba backend reuses its plan;
-- *with metadata, on one thread*: the same, with a plan made while the
-  threshold of ``numba_plan.choose_num_threads`` was out of reach, so the
-  calling thread runs every item (the plan of the first row uses Numba's
-  worker threads where the bytes to read pass ``MIN_BYTES_PER_THREAD``);
+- *with metadata, Numba's threads*: the same with ``threads="numba"`` in the
+  metadata, as the quantized model builds it: the items run on Numba's OpenMP
+  workers from ``numba_plan.MIN_BYTES_PER_NUMBA_THREAD`` of reads, where Python's
+  threads (the default) join only from ``MIN_BYTES_PER_THREAD`` (2 MiB, so
+  these calls run on the calling thread);
 - the parts: validating the whole call, building the metadata, planning the
   kernel's work (``numba_plan.make_plan``), and the jitted item loop alone, on one
-  thread and on the plan's threads.
+  thread and on Numba's threads.
 
 Then a SmolLM2-135M *verify* layer (one sequence, 9 queries: 1 + 8 drafts, at
-context 300), the jitted item loop alone: on one thread, and on two threads
-with the queries cut into tiles of 9, 5 and 1 (the plan picks 5, see
+context 300), the jitted item loop alone: on one thread, and on two of Numba's
+threads with the queries cut into tiles of 9, 5 and 1 (the plan picks 5, see
 ``numba_plan.choose_verify_tile``). Every variant is checked to give the same
 bits.
 
@@ -75,38 +76,33 @@ def best_us(fn, n=300, rounds=5):
 def measure(q, k, v, bt, sl, qsl):
     P, Hkv, H, D = k.shape[2], k.shape[1], q.shape[1], q.shape[2]
     meta = AttentionMetadata.build(bt, sl, qsl, num_pages=k.shape[0], page_size=P)
+    numba_meta = AttentionMetadata.build(bt, sl, qsl, num_pages=k.shape[0], page_size=P,
+                                         threads="numba")
     args = validate_paged_attention_inputs(q, k, v, bt, sl, qsl)
     sl64, qsl64 = sl.astype(np.int64), qsl.astype(np.int64)
-    plan = numba_plan.make_plan(sl64, qsl64, H, Hkv, P, k.itemsize, D, 0)
+    plan = numba_plan.make_plan(sl64, qsl64, H, Hkv, P, k.itemsize, D, 0, threads="numba")
     q2 = q * np.float32(0.1)
     out, lse = np.zeros(q.shape, np.float32)[None], np.zeros(q.shape[:2], np.float32)[None]
-    items = plan.items
-
-    # A second metadata whose plan is made with a threshold no call reaches: one thread.
-    single = AttentionMetadata.build(bt, sl, qsl, num_pages=k.shape[0], page_size=P)
-    min_bytes, numba_plan.MIN_BYTES_PER_THREAD = numba_plan.MIN_BYTES_PER_THREAD, 1 << 62
-    try:
-        paged_attention(q, k, v, metadata=single, backend="numba")  # makes and keeps the plan
-    finally:
-        numba_plan.MIN_BYTES_PER_THREAD = min_bytes
+    items, rows = plan.items, plan.q_tile * (H // Hkv)
     return {
         "plain call": best_us(lambda: paged_attention(q, k, v, bt, sl, qsl, backend="numba")),
-        "with metadata": best_us(lambda: paged_attention(q, k, v, metadata=meta,
-                                                         backend="numba")),
-        "with metadata, on one thread": best_us(lambda: paged_attention(
-            q, k, v, metadata=single, backend="numba")),
+        "with metadata (Python threads, the default)": best_us(
+            lambda: paged_attention(q, k, v, metadata=meta, backend="numba")),
+        "with metadata, Numba's threads (the quantized model's)": best_us(
+            lambda: paged_attention(q, k, v, metadata=numba_meta, backend="numba")),
         "validate (whole call)": best_us(lambda: validate_paged_attention_inputs(*args[:6])),
         "build metadata": best_us(lambda: AttentionMetadata.build(
             bt, sl, qsl, num_pages=k.shape[0], page_size=P)),
         "plan (make_plan)": best_us(lambda: numba_plan.make_plan(
             sl64, qsl64, H, Hkv, P, k.itemsize, D, 0)),
         "jitted item loop alone, one thread": best_us(lambda: numba_cpu._run_items(
-            q2, k, v, bt, sl64, qsl64, items, 0, len(items), plan.q_tile * (H // Hkv), 0,
-            out, lse, plan.heads_per_item, None, None)),
-        "jitted item loop on the plan's threads": best_us(lambda: numba_cpu._attend_items(
-            q2, k, v, bt, sl64, qsl64, items, plan.num_threads, plan.q_tile * (H // Hkv), 0,
-            out, lse, plan.heads_per_item)),
-    }, plan.num_threads
+            q2, k, v, bt, sl64, qsl64, items, 0, len(items), rows, 0, out, lse,
+            plan.heads_per_item, None, None)),
+        "jitted item loop on Numba's threads": best_us(lambda: numba_cpu._attend_items(
+            q2, k, v, bt, sl64, qsl64, items, plan.num_threads, rows, 0, out, lse,
+            plan.heads_per_item, None, None, "numba")),
+    }, (numba_plan.make_plan(sl64, qsl64, H, Hkv, P, k.itemsize, D, 0).num_threads,
+        plan.num_threads)
 
 
 def verify_tiles() -> dict:
@@ -124,7 +120,7 @@ def verify_tiles() -> dict:
         out = np.zeros((1, 9, 9, D), np.float32)
         lse = np.zeros((1, 9, 9), np.float32)
         args = (q, k, v, bt, sl, qsl, plan.items, threads, tile * G, 0, out, lse,
-                plan.heads_per_item)
+                plan.heads_per_item, None, None, "numba")
         res[name] = best_us(lambda args=args: numba_cpu._attend_items(*args))
         want = out.copy() if want is None else want
         assert np.array_equal(out, want), name                    # the same bits
@@ -142,8 +138,9 @@ def main(argv) -> int:
           f"of 5 runs of 300 calls.\n")
     rows, names = {}, list(shapes)
     for name, arrays in shapes.items():
-        rows[name], threads = measure(*arrays)
-        print(f"- {name}: the plan runs it on {threads} thread(s)")
+        rows[name], (python, on_numba) = measure(*arrays)
+        print(f"- {name}: the plan runs it on {python} Python thread(s), or on {on_numba} of "
+              f"Numba's")
     print("\n| part | " + " | ".join(f"case {i + 1} us" for i in range(len(names))) + " |")
     print("|---|" + "---|" * len(names))
     for part in rows[names[0]]:

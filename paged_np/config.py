@@ -35,6 +35,8 @@ BOUNDSCHECK = os.environ.get("PAGED_NP_BOUNDSCHECK", "0") not in ("", "0")
 JIT_OPTIONS = dict(cache=not BOUNDSCHECK, fastmath=True, nogil=True, boundscheck=BOUNDSCHECK)
 
 EVICTION_POLICIES = ("lru", "fifo", "lfu")
+#: Whose threads run the numba attention backend's items (``AttentionMetadata.threads``).
+ATTENTION_THREADS = ("python", "numba")
 PREFIX_CACHES = ("hash", "radix")
 KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 #: kv_cache_dtype (vLLM's name) -> the NumPy dtype one K/V element is stored as

@@ -342,28 +342,33 @@ def test_verify_rows_have_the_bits_of_decode_rows(knobs, num_heads, num_kv_heads
 
 
 @pytest.mark.parametrize("verify_bytes, decode_bytes", [(1, 1 << 40), (1 << 40, 1)])
-def test_threads_and_query_tiles_leave_the_bits_alone(verify_bytes, decode_bytes, monkeypatch):
-    """The automatic plan runs a verify step on more threads (and cuts its queries into
-    tiles for them) than the decode steps at its positions, or fewer: the bits stay."""
+def test_threads_and_query_tiles_leave_the_bits_alone(verify_bytes, decode_bytes,
+                                                      monkeypatch):
+    """On Numba's threads the automatic plan runs a verify step on more threads (and cuts
+    its queries into tiles for them) than the decode steps at its positions, or fewer:
+    the bits stay. (Python's threads are counted as split-K counts them, from the
+    sequences alone, so decode and verify get the same count.)"""
     from paged_np.attention import numba_plan
 
+    threads, least = "numba", "MIN_BYTES_PER_NUMBA_THREAD"
     monkeypatch.setattr(numba_plan.numba, "get_num_threads", lambda: 2)  # any machine
-
     n_q = [9]                                     # one sequence: 3 items, so tiles of queries
     case = make_paged_case([130], n_q, num_heads=6, num_kv_heads=3, head_dim=16,
                            page_size=8, seed=11)
-    monkeypatch.setattr(numba_plan, "MIN_BYTES_PER_THREAD", verify_bytes)
+    monkeypatch.setattr(numba_plan, least, verify_bytes)
     plan = numba_plan.make_plan(case.seq_lens.astype(np.int64), case.qsl.astype(np.int64),
-                                6, 3, 8, 4, 16, 0)
+                                6, 3, 8, 4, 16, 0, threads=threads)
     if verify_bytes == 1:                         # the case this test is about
-        assert (plan.num_threads, plan.num_splits, plan.q_tile) == (2, 1, 5), plan
-    verify, _ = run(case)
-    monkeypatch.setattr(numba_plan, "MIN_BYTES_PER_THREAD", decode_bytes)
+        assert (plan.num_threads, plan.q_tile, plan.threads) == (2, 5, threads), plan
+    assert plan.num_splits == 1
+    verify, _ = run(case, threads=threads)
+    monkeypatch.setattr(numba_plan, least, decode_bytes)
     starts = np.asarray(case.qsl[:-1])
     for i in range(max(n_q)):
         rows = [int(starts[b]) + min(i, n - 1) for b, n in enumerate(n_q)]
         lens = [int(case.seq_lens[b]) - n + 1 + min(i, n - 1) for b, n in enumerate(n_q)]
         out, _ = numba_cpu.forward(np.ascontiguousarray(case.q[rows]), case.k_pages,
                                    case.v_pages, case.block_tables, np.array(lens, np.int64),
-                                   np.arange(2), case.q.shape[2] ** -0.5, 0, True)
+                                   np.arange(2), case.q.shape[2] ** -0.5, 0, True,
+                                   threads=threads)
         assert np.array_equal(out, verify[rows]), f"decode step {i} differs"

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..checks import check_int, check_positive_int
+from ..config import ATTENTION_THREADS
 from ..errors import (  # BackendUnavailable: defined in errors, still importable from here
     BackendUnavailable,
     DTypeError,
@@ -79,6 +80,14 @@ class AttentionMetadata:
     ``plans`` holds each backend's work plan, made by the first layer that
     needs it and reused by the rest (the numba backend's item list; see
     :mod:`paged_np.attention.numba_cpu`).
+
+    ``threads`` says whose threads the numba backend runs its items on:
+    ``"python"`` (the default: a pool of Python threads, woken only for large
+    calls, idle ones asleep) or ``"numba"`` (Numba's OpenMP workers, about a
+    microsecond to hand work to when the caller's own work keeps them awake, as
+    the quantized model's weight products do; but slow to alternate with BLAS's
+    threads, which the float32 model's products use). See
+    :func:`paged_np.attention.numba_cpu._attend_items`.
     """
 
     block_tables: np.ndarray     # int32 [B, max_pages]
@@ -87,12 +96,16 @@ class AttentionMetadata:
     sliding_window: int          # 0 = no window
     num_pages: int               # the page ids were checked against this many pages
     page_size: int
+    threads: str = "python"      # whose threads run the numba backend's items
     plans: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         num_pages = check_int("num_pages", self.num_pages, low=0)
         page_size = check_positive_int("page_size", self.page_size)
         window = check_int("sliding_window", self.sliding_window, low=0)
+        if self.threads not in ATTENTION_THREADS:
+            raise InvalidArgument(f"threads must be one of {ATTENTION_THREADS}, got "
+                                  f"{self.threads!r}")
         qsl = self.query_start_loc
         if qsl is None:  # one query per sequence
             T = int(np.shape(self.block_tables)[0]) if np.ndim(self.block_tables) else 0
@@ -116,15 +129,15 @@ class AttentionMetadata:
 
     @classmethod
     def build(cls, block_tables, seq_lens, query_start_loc=None, sliding_window=None, *,
-              num_pages, page_size) -> "AttentionMetadata":
+              num_pages, page_size, threads="python") -> "AttentionMetadata":
         """Check the step's metadata against an arena of ``num_pages`` pages of ``page_size``.
 
         The arguments and errors are :func:`paged_attention`'s
         (``query_start_loc=None``: one query per sequence; ``sliding_window``
-        None or >= 1).
+        None or >= 1); ``threads`` as in the class docstring.
         """
         return cls(block_tables, seq_lens, query_start_loc, as_sliding_window(sliding_window),
-                   num_pages, page_size)
+                   num_pages, page_size, threads)
 
 
 def paged_attention(q, k_pages, v_pages, block_tables=None, seq_lens=None,
@@ -206,7 +219,7 @@ def paged_attention(q, k_pages, v_pages, block_tables=None, seq_lens=None,
                               block_tables=block_tables, seq_lens=seq_lens,
                               query_start_loc=query_start_loc, sliding_window=sliding_window)
         if name == "numba":  # the one backend with a plan worth keeping across layers
-            extra["plans"] = metadata.plans
+            extra.update(plans=metadata.plans, threads=metadata.threads)
     k_scales, v_scales = check_scales(args.k_pages, k_scales, v_scales, name == "cuda")
     if k_scales is not None:
         extra.update(k_scales=k_scales, v_scales=v_scales)

@@ -51,6 +51,8 @@ inner loops (:mod:`.numba_widen`) and scaled once per score and weight
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numba
 import numpy as np
@@ -207,9 +209,8 @@ def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, it
 def _run_blocks(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
                 num_threads, max_rows, window, part_out, part_lse, heads_per_item, k_scales,
                 v_scales):
-    """Block ``th`` of the plan on thread ``th``: Numba's own worker threads (OpenMP), the
-    ones the weight products of the layer just used, so they are still awake: handing
-    them a block costs about a microsecond (``benchmarks/attention_dispatch.py``)."""
+    """Block ``th`` of the plan on thread ``th`` of Numba's own workers (OpenMP): see
+    :func:`_attend_items` for when (``benchmarks/attention_dispatch.py`` times it)."""
     per_thread = items.shape[0] // num_threads
     for th in prange(num_threads):
         _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
@@ -219,40 +220,80 @@ def _run_blocks(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, i
 
 def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
                   num_threads, max_rows, window, part_out, part_lse, heads_per_item=1,
-                  k_scales=None, v_scales=None):
-    """The driver: thread ``th`` runs block ``th`` of the plan (:func:`_run_blocks`).
+                  k_scales=None, v_scales=None, threads="python"):
+    """The parallel driver: thread ``th`` runs block ``th`` of the plan.
 
     ``items`` holds one contiguous block of rows per thread (see
-    :func:`plan_items`); every block writes rows of its own, so the threads share
-    nothing. Three cases take all the blocks on the calling thread instead, one after
-    the other (the same items, the same bits):
+    :func:`plan_items`); every block writes rows of its own. ``threads`` says whose
+    threads (the plan counted them for that kind, see
+    :func:`~paged_np.attention.numba_plan.choose_num_threads`):
 
-    - a plan for one thread;
-    - a process forked from one whose OpenMP threads had started: GNU OpenMP kills
-      such a child on its first parallel loop (:data:`_FORKED`);
-    - the bounds-checking debug build (``PAGED_NP_BOUNDSCHECK=1``): inside a ``prange``
-      loop a failed check is lost, and the point of that build is to raise it.
+    - ``"python"``: plain Python threads calling the jitted :func:`_run_items`,
+      which releases the GIL (``nogil``). Waking one costs about 0.1 ms, and an
+      idle one sleeps, so it never takes a core from other threads (BLAS's).
+    - ``"numba"``: Numba's own OpenMP workers (:func:`_run_blocks`). When the
+      caller's other work runs on them too (the quantized model's weight
+      products), they are still awake and a block costs about a microsecond to
+      hand over. Alternating them with BLAS's threads is slow: each kind spins
+      a while after its call, on the cores the other needs (the float32 model
+      measured 15x slower), so that caller asks for ``"python"``.
+
+    A process forked from one whose OpenMP threads started gets ``"python"``
+    (GNU OpenMP kills such a child on its first parallel loop), and so does the
+    bounds-checking build (a failed check inside a ``prange`` loop is lost).
     """
     args = (q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items)
     tail = (max_rows, window, part_out, part_lse, heads_per_item, k_scales, v_scales)
-    if num_threads == 1 or _FORKED or BOUNDSCHECK:
-        _run_items(*args, 0, items.shape[0], *tail)
-    else:
+    if threads == "numba" and num_threads > 1 and not (_FORKED or BOUNDSCHECK):
         _run_blocks(*args, num_threads, *tail)
+        return
+    per_thread = items.shape[0] // num_threads
+    futures = []
+    try:
+        pool = _pool(num_threads) if num_threads > 1 else None
+        for th in range(1, num_threads):
+            futures.append(pool.submit(_run_items, *args, th * per_thread,
+                                       (th + 1) * per_thread, *tail))
+        _run_items(*args, 0, per_thread, *tail)  # block 0 in this thread
+    finally:
+        # Even when this thread's block raised: the workers still write into
+        # part_out/part_lse, so no caller may see (or reuse) them until all stop.
+        wait(futures)
+    for f in futures:
+        f.result()  # a worker's exception, raised here
 
 
-#: True in a process forked from this one (set by ``os.register_at_fork``): its
-#: attention runs on the calling thread only (see :func:`_attend_items`).
+# One pool per thread count, made on first use. Two threads may ask at once
+# (the lock), and a forked child inherits the dict but not the worker threads:
+# an executor whose workers are gone waits forever on the first task, so the
+# child forgets the parent's pools and makes its own (os.register_at_fork).
+_POOLS: dict = {}
+_POOLS_LOCK = threading.Lock()
+#: True in a process forked from this one: Numba's OpenMP threads are off limits there.
 _FORKED = False
 
 
-def _note_fork():
-    global _FORKED
+def _pool(num_threads):
+    """A thread pool with ``num_threads - 1`` workers, made once per thread count."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(num_threads)
+        if pool is None:
+            pool = _POOLS[num_threads] = ThreadPoolExecutor(num_threads - 1,
+                                                            thread_name_prefix="paged_np")
+        return pool
+
+
+def _after_fork_in_child():
+    """In a forked child: drop the parent's pools (their threads did not fork), and
+    stay off OpenMP's threads (see :func:`_attend_items`)."""
+    global _POOLS_LOCK, _FORKED
+    _POOLS.clear()
+    _POOLS_LOCK = threading.Lock()  # the parent may have held it while forking
     _FORKED = True
 
 
 if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
-    os.register_at_fork(after_in_child=_note_fork)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @njit(**JIT_OPTIONS)
@@ -290,7 +331,8 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     :func:`paged_np.attention.numba_prefill.attend_sequence` (BLAS); the rest
     to the kernel here. ``knobs`` (``num_splits``, ``q_tile``,
     ``heads_per_item``, ``num_threads``, ``blas_min_queries``) override the
-    plan's automatic choices, see :func:`make_plan`.
+    plan's automatic choices, see :func:`make_plan`; ``threads`` (from the
+    metadata) says whose threads run the items.
 
     ``plans``: a dict kept with the step's metadata
     (:class:`paged_np.attention.AttentionMetadata`). The plan depends only on
@@ -341,6 +383,6 @@ def _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, plan, scal
         part_lse = np.full((S, T, H), EMPTY, np.float32)
     _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, qsl, plan.items,
                   plan.num_threads, plan.q_tile * G, window, part_out, part_lse,
-                  plan.heads_per_item, k_scales, v_scales)
+                  plan.heads_per_item, k_scales, v_scales, plan.threads)
     if S > 1:
         _merge_splits(part_out, part_lse, out, lse)  # writes every token's rows

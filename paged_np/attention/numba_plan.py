@@ -27,12 +27,12 @@ PREFILL_ROWS = 64
 ITEMS_PER_THREAD = 4
 #: A split-K part covers at least this many pages (smaller parts cost more to merge).
 MIN_PAGES_PER_SPLIT = 8
-#: A second thread joins for at least this many bytes of K/V per thread, as the queries
-#: read them (see :func:`choose_num_threads`).
-MIN_BYTES_PER_THREAD = 64 << 10
-#: Split-K is considered only for sequences with at least this many bytes of K/V per
-#: thread (see :func:`choose_split_threads`).
-MIN_BYTES_PER_SPLIT_THREAD = 2 << 20
+#: A second Python thread joins only for at least this many bytes of K/V per thread
+#: (see :func:`choose_num_threads`); split-K plans with this count of threads too.
+MIN_BYTES_PER_THREAD = 2 << 20
+#: A second of Numba's threads joins for at least this many bytes of K/V per thread, as
+#: the queries read them.
+MIN_BYTES_PER_NUMBA_THREAD = 64 << 10
 #: A decode or verify step whose keys are not split cuts each sequence's queries into
 #: tiles enough for this many items per thread (see :func:`choose_verify_tile`).
 TILE_ITEMS_PER_THREAD = 2
@@ -119,26 +119,20 @@ def choose_num_splits(n_items: int, max_pages, num_threads: int):
     return int(parts) if parts.ndim == 0 else parts
 
 
-def choose_num_threads(work_bytes: int, max_threads: int) -> int:
-    """Threads worth waking for ``work_bytes`` of K/V to read: one per :data:`MIN_BYTES_PER_THREAD`.
+def choose_num_threads(work_bytes: int, max_threads: int, threads: str = "python") -> int:
+    """Threads worth waking for ``work_bytes`` of K/V to read: one per
+    :data:`MIN_BYTES_PER_THREAD` (Python threads) or :data:`MIN_BYTES_PER_NUMBA_THREAD`.
 
-    The threads are Numba's (OpenMP) workers, which the layer's weight
-    products just used: handing one a block of items costs about a
-    microsecond, and two threads beat one from about 24 keys of SmolLM2-135M
-    (``benchmarks/attention_dispatch.py`` times the thread counts).
+    Handing a block of items to a pool thread and waiting for it costs about
+    0.1 ms here (a Python thread wakes, takes the GIL, calls the kernel):
+    more than the whole attention of a small layer (SmolLM2-135M at batch 1
+    reads ~0.5 MB a layer, ~0.05 ms). Such calls run on the calling thread.
+    Numba's OpenMP workers, still spinning after the layer's weight products,
+    take a block in about a microsecond: two beat one from about 24 keys of
+    SmolLM2-135M (``benchmarks/attention_dispatch.py``).
     """
-    return max(1, min(max_threads, work_bytes // MIN_BYTES_PER_THREAD))
-
-
-def choose_split_threads(work_bytes: int, max_threads: int) -> int:
-    """The thread count split-K plans for: one per :data:`MIN_BYTES_PER_SPLIT_THREAD`.
-
-    Splitting a sequence's keys pays only when a sequence is long: each part is
-    merged afterwards, and a split verify step computes each query in an item of
-    its own instead of all of them in one (twice the time at 9 queries). So a
-    short sequence is never split, however many threads run its items.
-    """
-    return max(1, min(max_threads, work_bytes // MIN_BYTES_PER_SPLIT_THREAD))
+    per = MIN_BYTES_PER_NUMBA_THREAD if threads == "numba" else MIN_BYTES_PER_THREAD
+    return max(1, min(max_threads, work_bytes // per))
 
 
 def choose_verify_tile(n_q_max: int, n_items: int, num_threads: int, max_tile: int) -> int:
@@ -163,22 +157,25 @@ class Plan(NamedTuple):
     num_splits: int
     heads_per_item: int
     num_threads: int
+    threads: str = "python"        # whose threads run the items (config.ATTENTION_THREADS)
 
 
 def make_plan(seq_lens, qsl, num_heads, num_kv_heads, page_size, kv_itemsize, head_dim,
               window, *, num_splits=None, q_tile=None, heads_per_item=None,
-              num_threads=None, blas_min_queries=BLAS_MIN_QUERIES) -> Plan:
+              num_threads=None, blas_min_queries=BLAS_MIN_QUERIES,
+              threads="python") -> Plan:
     """Everything :func:`forward` decides before any arithmetic (plain NumPy).
 
     The knobs override the automatic choices (tests force split-K, pairs of
     kv heads or threads with them); ``None`` picks them from the shapes, the
-    bytes to read and ``numba.get_num_threads()``.
+    bytes to read and ``numba.get_num_threads()``. ``threads``: whose threads
+    run the items (``config.ATTENTION_THREADS``), which sets what one costs to wake.
     """
     n_q = np.diff(qsl)
     in_kernel = n_q < blas_min_queries
     blas_seqs = np.flatnonzero(~in_kernel)
     if not (in_kernel.any() and n_q[in_kernel].max() > 0):
-        return Plan(blas_seqs, None, 1, 1, 1, 1)
+        return Plan(blas_seqs, None, 1, 1, 1, 1, threads)
     n_q = np.where(in_kernel, n_q, 0)
     G = num_heads // num_kv_heads
     keys = np.minimum(seq_lens, window + n_q) if window else seq_lens
@@ -192,7 +189,7 @@ def make_plan(seq_lens, qsl, num_heads, num_kv_heads, page_size, kv_itemsize, he
         seqs = int((n_q > 0).sum())
         max_threads = numba.get_num_threads()
         one_query_bytes = int(keys[n_q > 0].sum()) * kv_bytes
-        split_threads = num_threads or choose_split_threads(one_query_bytes, max_threads)
+        split_threads = num_threads or choose_num_threads(one_query_bytes, max_threads)
         if heads_per_item is None:
             heads_per_item = choose_heads_per_item(seqs, num_kv_heads, 1, split_threads)
         n_items = seqs * num_kv_heads // heads_per_item
@@ -201,10 +198,11 @@ def make_plan(seq_lens, qsl, num_heads, num_kv_heads, page_size, kv_itemsize, he
                 return choose_num_splits(n_items, pages, split_threads)
         longest = np.array([-(-int(seq_lens[n_q > 0].max()) // page_size)])
         unsplit = (num_splits(longest)[0] if callable(num_splits) else num_splits) == 1
-        # Threads only run items: any number keeps the bits. Count the keys each query
-        # reads, over every query.
+        # Threads only run items: any number keeps the bits. Numba's count the keys each
+        # query reads, over every query; Python's (0.1 ms each) only decode's reads.
         if num_threads is None:
-            num_threads = choose_num_threads(int((n_q * keys).sum()) * kv_bytes, max_threads)
+            work = int((n_q * keys).sum()) * kv_bytes if threads == "numba" else one_query_bytes
+            num_threads = choose_num_threads(work, max_threads, threads)
         # An item of several queries keeps decode's bits (the kernel's grouping does not
         # depend on the keys after a row's own, nor on the other rows) unless its keys
         # are split or windowed: those parts start where the item's first query says.
@@ -220,9 +218,9 @@ def make_plan(seq_lens, qsl, num_heads, num_kv_heads, page_size, kv_itemsize, he
         n_tiles_each = (n_q + q_tile - 1) // q_tile  # [B]
         n_tiles = int(n_tiles_each.sum())
         work = int((n_tiles_each * keys).sum()) * kv_bytes  # K/V bytes the tiles read
-        split_threads = num_threads or choose_split_threads(work, numba.get_num_threads())
+        split_threads = num_threads or choose_num_threads(work, numba.get_num_threads())
         if num_threads is None:
-            num_threads = choose_num_threads(work, numba.get_num_threads())
+            num_threads = choose_num_threads(work, numba.get_num_threads(), threads)
         if heads_per_item is None:
             heads_per_item = choose_heads_per_item(n_tiles, num_kv_heads, q_tile, num_threads)
         if num_splits is None:
@@ -234,4 +232,4 @@ def make_plan(seq_lens, qsl, num_heads, num_kv_heads, page_size, kv_itemsize, he
                        int(num_threads), int(heads_per_item))
     num_splits = int(items[:, ITEM_SPLIT].max()) + 1 if len(items) else 1
     return Plan(blas_seqs, items, int(q_tile), num_splits, int(heads_per_item),
-                int(num_threads))
+                int(num_threads), threads)

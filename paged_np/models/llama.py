@@ -298,9 +298,12 @@ class LlamaModel:
         k_pages, _ = cache.layer(0)
         # Every layer reads the same block tables: check them (and plan the kernel's
         # work) once per step, not once per layer.
+        # The quantized model's products run on Numba's threads: attention takes them
+        # too, still awake. The float32 model's run on BLAS's, which would fight them.
         meta = AttentionMetadata.build(batch.block_tables, batch.seq_lens,
                                        batch.query_start_loc, self.cfg.sliding_window,
-                                       num_pages=k_pages.shape[0], page_size=k_pages.shape[2])
+                                       num_pages=k_pages.shape[0], page_size=k_pages.shape[2],
+                                       threads="numba" if self.quantized else "python")
         for layer in range(self.cfg.num_layers):
             q, k, v = self.qkv(layer, x, rope)                   # [T, Hq, D], [T, Hkv, D] x2
             cache.write_kv(layer, batch.slots, k, v)             # scatter into the arena
