@@ -31,7 +31,7 @@ arithmetic, but arranged for a 2-core machine whose memory bus is the limit:
 
 Three layers, as everywhere in paged_np: ``paged_attention`` validates, then
 :func:`forward` (plain Python) plans and calls the driver here
-(:func:`_attend_items`: Numba's threads, :func:`_run_blocks`, over the jitted item loop
+(:func:`_attend_items`: Python's threads or Numba's, :func:`_run_blocks`, over the item loop
 :func:`_run_items` and :func:`_attend_item`), which calls the small helpers of
 :mod:`paged_np.attention.numba_kernels`.
 
