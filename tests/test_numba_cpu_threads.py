@@ -32,13 +32,20 @@ FORK_CHILD = textwrap.dedent("""
     tables = np.array([[0, 1, 2, 3], [4, 5, 6, 7], [7, 6, 5, 4]])
     lens = np.array([16, 13, 9])
 
+    from paged_np.quant.matrix import QuantMatrix
+    w = QuantMatrix.from_float(rng.standard_normal((64, 48), dtype=np.float32))
+    w8 = w.with_int8_activations()
+    x = rng.standard_normal((9, 64), dtype=np.float32)
+
     def attend():
         out = []
         for threads in ("python", "numba"):
             meta = pnp.AttentionMetadata.build(tables, lens, num_pages=8, page_size=4,
                                                threads=threads)
             out.append(pnp.paged_attention(q, k, v, metadata=meta, backend="numba"))
-        return np.stack(out)
+        # the quantized products: Numba parallel loops too (rows, batch, int8 inputs)
+        products = [x[:1] @ w, x @ w, x @ w8]
+        return np.concatenate([np.ravel(a) for a in out + products])
 
     def child(queue):
         queue.put(attend())
@@ -63,9 +70,10 @@ FORK_CHILD = textwrap.dedent("""
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX only")
 def test_forked_child_can_call_the_numba_backend(tmp_path):
-    """A fork child of a parent that already ran both drivers: the Python pool's child used
-    to wait forever on the parent's dead workers, and GNU OpenMP kills a child on its
-    first parallel loop, so the child makes its own pool and stays off OpenMP."""
+    """A fork child of a parent that already ran both attention drivers and the quantized
+    products: the Python pool's child used to wait forever on the parent's dead
+    workers, and GNU OpenMP kills a child on its first parallel loop, so the child
+    makes its own pool and runs the parallel kernels' serial twins (paged_np.forks)."""
     script = tmp_path / "fork_child.py"
     script.write_text(FORK_CHILD)
     env = dict(os.environ, NUMBA_NUM_THREADS="3",      # a pool with 2 workers

@@ -59,6 +59,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..config import BOUNDSCHECK, JIT_OPTIONS
+from ..forks import in_forked_child
 from .numba_kernels import (
     EMPTY,
     LANES,
@@ -238,13 +239,14 @@ def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
       a while after its call, on the cores the other needs (the float32 model
       measured 15x slower), so that caller asks for ``"python"``.
 
-    A process forked from one whose OpenMP threads started gets ``"python"``
-    (GNU OpenMP kills such a child on its first parallel loop), and so does the
-    bounds-checking build (a failed check inside a ``prange`` loop is lost).
+    A forked child gets ``"python"`` (GNU OpenMP kills a child on its first
+    parallel loop if the parent had started OpenMP's threads: :mod:`paged_np.forks`),
+    and so does the bounds-checking build (a failed check inside a ``prange`` loop is
+    lost).
     """
     args = (q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items)
     tail = (max_rows, window, part_out, part_lse, heads_per_item, k_scales, v_scales)
-    if threads == "numba" and num_threads > 1 and not (_FORKED or BOUNDSCHECK):
+    if threads == "numba" and num_threads > 1 and not (in_forked_child() or BOUNDSCHECK):
         _run_blocks(*args, num_threads, *tail)
         return
     per_thread = items.shape[0] // num_threads
@@ -269,8 +271,6 @@ def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
 # child forgets the parent's pools and makes its own (os.register_at_fork).
 _POOLS: dict = {}
 _POOLS_LOCK = threading.Lock()
-#: True in a process forked from this one: Numba's OpenMP threads are off limits there.
-_FORKED = False
 
 
 def _pool(num_threads):
@@ -284,12 +284,10 @@ def _pool(num_threads):
 
 
 def _after_fork_in_child():
-    """In a forked child: drop the parent's pools (their threads did not fork), and
-    stay off OpenMP's threads (see :func:`_attend_items`)."""
-    global _POOLS_LOCK, _FORKED
+    """In a forked child: drop the parent's pools (their threads did not fork)."""
+    global _POOLS_LOCK
     _POOLS.clear()
     _POOLS_LOCK = threading.Lock()  # the parent may have held it while forking
-    _FORKED = True
 
 
 if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork

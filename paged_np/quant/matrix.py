@@ -46,6 +46,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import DTypeError, IndexOutOfRange, ShapeError
+from ..forks import serial
 from . import int8 as I8
 from . import kernels as K
 from .blocks import BLOCK, FLOAT_FORMATS, QUANT_FORMATS, dequantize_blocks
@@ -203,11 +204,11 @@ class QuantMatrix:
             return np.zeros((0, out), np.float32)
         if self.int8_activations:
             y = np.empty((T, self.qs.shape[0] * I8.ROWS), np.float32)    # padded rows
-            I8.matmul(self.qs, self.d, self.m, x, y)
+            serial(I8.matmul)(self.qs, self.d, self.m, x, y)  # serial: in a forked child
             return y if y.shape[1] == out else np.ascontiguousarray(y[:, :out])
         y = np.empty((T, self.qs.shape[0] * self.qs.shape[3]), np.float32)  # padded rows
         kernel = K.batch if T > FEW_ROWS else K.rows
-        kernel(self.qs, self.d, self.m, x, y)                    # m is None for Q8
+        serial(kernel)(self.qs, self.d, self.m, x, y)            # m is None for Q8
         return y if y.shape[1] == out else np.ascontiguousarray(y[:, :out])
 
     def __getitem__(self, ids) -> np.ndarray:
