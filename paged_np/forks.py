@@ -24,11 +24,6 @@ _FORKED = False
 _TWINS: dict = {}
 
 
-def in_forked_child() -> bool:
-    """True in a process forked from the one that imported paged_np."""
-    return _FORKED
-
-
 def serial(kernel):
     """``kernel`` (a ``@njit(parallel=True)`` dispatcher), or in a forked child its serial
     twin, compiled on first use with the same options but ``parallel``."""

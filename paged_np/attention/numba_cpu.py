@@ -59,7 +59,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..config import BOUNDSCHECK, JIT_OPTIONS
-from ..forks import in_forked_child
+from ..forks import serial
 from .numba_kernels import (
     EMPTY,
     LANES,
@@ -239,15 +239,15 @@ def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
       a while after its call, on the cores the other needs (the float32 model
       measured 15x slower), so that caller asks for ``"python"``.
 
-    A forked child gets ``"python"`` (GNU OpenMP kills a child on its first
-    parallel loop if the parent had started OpenMP's threads: :mod:`paged_np.forks`),
-    and so does the bounds-checking build (a failed check inside a ``prange`` loop is
-    lost).
+    In a forked child ``"numba"`` runs the blocks one after the other on the calling
+    thread (GNU OpenMP kills a child on its first parallel loop if the parent had
+    started OpenMP's threads: :mod:`paged_np.forks`). The bounds-checking build takes
+    ``"python"`` (a failed check inside a ``prange`` loop is lost).
     """
     args = (q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items)
     tail = (max_rows, window, part_out, part_lse, heads_per_item, k_scales, v_scales)
-    if threads == "numba" and num_threads > 1 and not (in_forked_child() or BOUNDSCHECK):
-        _run_blocks(*args, num_threads, *tail)
+    if threads == "numba" and num_threads > 1 and not BOUNDSCHECK:
+        serial(_run_blocks)(*args, num_threads, *tail)  # serial: in a forked child
         return
     per_thread = items.shape[0] // num_threads
     futures = []
@@ -283,7 +283,7 @@ def _pool(num_threads):
         return pool
 
 
-def _after_fork_in_child():
+def _forget_pools_after_fork():
     """In a forked child: drop the parent's pools (their threads did not fork)."""
     global _POOLS_LOCK
     _POOLS.clear()
@@ -291,7 +291,7 @@ def _after_fork_in_child():
 
 
 if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(after_in_child=_forget_pools_after_fork)
 
 
 @njit(**JIT_OPTIONS)

@@ -18,8 +18,9 @@ import numpy as np
 
 #: A sequence with this many queries (a long prefill chunk) goes to BLAS.
 BLAS_MIN_QUERIES = 128
-#: Sequences with at most this many queries (decode; a speculative verify step) get one
-#: item per query, each computed as a one-query decode would be (see :func:`make_plan`).
+#: Sequences with at most this many queries (decode; a speculative verify step) are
+#: planned as decode is, so each query computes as a one-query decode would (see
+#: :func:`make_plan`).
 DECODE_QUERIES = 16
 #: Query rows per prefill item (q_tile * G); decode items have G rows.
 PREFILL_ROWS = 64
