@@ -136,6 +136,43 @@ def test_dot4_equals_its_plain_ir_twin_at_the_extremes():
         assert np.array_equal(out[:16], ref) and np.array_equal(out[16:], ref)
 
 
+@njit
+def _dot_lowerings(u, s):
+    """Every lowering of the dot product on ``u``, ``s``: [dot4, generic, AVX2, and the
+    nibble forms (meaningful where ``u`` <= 15)] as float32 rows of 16."""
+    uv, sv = simd.load_u8x64(u, 0), simd.broadcast4(s, 0)
+    z = simd.zeros_i32()
+    out = np.zeros((5, 16), np.float32)
+    for i, acc in enumerate((simd.dot4(z, uv, sv), simd.dot4_generic(z, uv, sv),
+                             simd.dot4_avx2(z, uv, sv), simd.dot4_nibbles(z, uv, sv),
+                             simd.dot4_nibbles_avx2(z, uv, sv))):
+        simd.store_f32(out[i], 0, simd.to_f32(acc))
+    return out
+
+
+def _signed(n):
+    return RNG.integers(-128, 128, n).astype(np.int8)
+
+
+def test_the_avx2_lowering_is_exact_where_int16_would_saturate():
+    # vpmaddubsw adds two u8 x s8 products in int16, saturating: 255 x -128 twice is
+    # -65280. The AVX2 dot4 splits codes into nibbles so that no pair can saturate; the
+    # nibble form (Q4's codes, <= 15) needs no split. Both must equal the integers.
+    cases = [(np.full(64, 255, np.uint8), np.full(4, -128, np.int8)),
+             (np.full(64, 255, np.uint8), np.full(4, 127, np.int8)),
+             (np.full(64, 15, np.uint8), np.full(4, -128, np.int8)),
+             (RNG.integers(0, 256, 64).astype(np.uint8), _signed(4)),
+             (RNG.integers(0, 16, 64).astype(np.uint8), _signed(4))]
+    if not simd.HAS_AVX2:
+        pytest.skip("this CPU has no AVX2: the AVX2 lowering cannot run here")
+    for u, s in cases:
+        out = _dot_lowerings(u, s)
+        ref = (u.reshape(16, 4).astype(np.int64) * s.astype(np.int64)).sum(-1)
+        assert np.array_equal(out[:3], np.broadcast_to(ref, (3, 16))), (u[:4], s)
+        if u.max() <= 15:
+            assert np.array_equal(out[3:], np.broadcast_to(ref, (2, 16))), (u[:4], s)
+
+
 # ------------------------------------------------------------------ the model
 @pytest.fixture(scope="module")
 def a8_model():

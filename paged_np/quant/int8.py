@@ -47,6 +47,7 @@ from ..config import BOUNDSCHECK, JIT_OPTIONS
 from .simd import (
     broadcast4,
     dot4,
+    dot4_nibbles,
     fma,
     high_nibbles,
     load_f32,
@@ -100,8 +101,8 @@ def _block(qf, o, Q, xf, xo, acc):
     if Q == 4:
         for c in range(4):
             v = load_u8x64(qf, o + 64 * c)
-            acc = dot4(acc, low_nibbles(v), broadcast4(xf, xo + 4 * c))
-            acc = dot4(acc, high_nibbles(v), broadcast4(xf, xo + 16 + 4 * c))
+            acc = dot4_nibbles(acc, low_nibbles(v), broadcast4(xf, xo + 4 * c))
+            acc = dot4_nibbles(acc, high_nibbles(v), broadcast4(xf, xo + 16 + 4 * c))
     else:
         for c in range(8):
             acc = dot4(acc, load_u8x64(qf, o + 64 * c), broadcast4(xf, xo + 4 * c))
@@ -116,10 +117,13 @@ def _block4(qf, o, Q, xf, xo, K, a0, a1, a2, a3):
             v = load_u8x64(qf, o + 64 * c)
             lo, hi = low_nibbles(v), high_nibbles(v)
             j, h = xo + 4 * c, xo + 16 + 4 * c
-            a0 = dot4(dot4(a0, lo, broadcast4(xf, j)), hi, broadcast4(xf, h))
-            a1 = dot4(dot4(a1, lo, broadcast4(xf, j + K)), hi, broadcast4(xf, h + K))
-            a2 = dot4(dot4(a2, lo, broadcast4(xf, j + 2 * K)), hi, broadcast4(xf, h + 2 * K))
-            a3 = dot4(dot4(a3, lo, broadcast4(xf, j + 3 * K)), hi, broadcast4(xf, h + 3 * K))
+            a0 = dot4_nibbles(dot4_nibbles(a0, lo, broadcast4(xf, j)), hi, broadcast4(xf, h))
+            a1 = dot4_nibbles(dot4_nibbles(a1, lo, broadcast4(xf, j + K)), hi,
+                              broadcast4(xf, h + K))
+            a2 = dot4_nibbles(dot4_nibbles(a2, lo, broadcast4(xf, j + 2 * K)), hi,
+                              broadcast4(xf, h + 2 * K))
+            a3 = dot4_nibbles(dot4_nibbles(a3, lo, broadcast4(xf, j + 3 * K)), hi,
+                              broadcast4(xf, h + 3 * K))
     else:
         for c in range(8):
             v = load_u8x64(qf, o + 64 * c)
