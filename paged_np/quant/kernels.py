@@ -142,14 +142,21 @@ def rows(qs, d, m, x, y):
 
 @njit(**JIT_OPTIONS)
 def dequantize_q4_block(qs, d, m, g, b, w):
-    """Block ``b`` of row group ``g`` -> ``w`` float32 [32, LANES]: ``d * q + m``."""
+    """Block ``b`` of row group ``g`` -> ``w`` float32 [32, LANES]: ``d * q + m``.
+
+    The high nibble without a shift: ``byte - lo = 16 hi`` exactly, and
+    ``(d / 16) (16 hi) = d hi`` exactly (a power of two), so each weight gets the same
+    bits as ``d * hi + m``; Numba's ``uint8 >> 4`` became 64-bit shifts and a repack
+    (measured 1.1-1.4x slower for the whole dequantization, on AVX2).
+    """
     db, mb = d[g, b], m[g, b]
     for j in range(16):
         row, lo, hi = qs[g, b, j], w[j], w[j + 16]
         for r in range(row.shape[0]):
-            q = row[r]
-            lo[r] = db[r] * np.float32(q & np.uint8(15)) + mb[r]
-            hi[r] = db[r] * np.float32(q >> np.uint8(4)) + mb[r]
+            q = np.int32(row[r])
+            low = np.float32(q & np.int32(15))
+            lo[r] = db[r] * low + mb[r]
+            hi[r] = (db[r] * np.float32(0.0625)) * (np.float32(q) - low) + mb[r]
 
 
 @njit(**JIT_OPTIONS)
