@@ -107,6 +107,36 @@ def test_every_kernel_equals_the_reference(fmt, rows, nb, T, threads, seed):
     np.testing.assert_array_equal(qm.dequantize(), w.T)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows", [64, 256])                        # 64 and 128 lanes
+def test_both_batch_kernels_give_the_same_sums(fmt, rows):
+    # QuantMatrix runs one of them, by the CPU's vector registers: run both here, at every
+    # row count whose passes (3-5 rows) and chunks (<= 16 rows) differ.
+    from paged_np.quant import kernels as K
+    rng = np.random.default_rng(rows)
+    raw = file_bytes(random_matrix(rng, rows, 96), fmt)
+    qm = QuantMatrix.from_blocks(fmt, *parse_blocks(raw, fmt, rows, 96))
+    ref_w = dequantize_raw(raw, fmt, rows, 96).T.astype(np.float64)
+    for T in [*range(4, 21), 33, 40]:
+        x = rng.standard_normal((T, 96)).astype(np.float32)
+        ys = []
+        for kernel in (K.batch, K.batch_registers):
+            y = np.empty((T, qm.qs.shape[0] * qm.qs.shape[3]), np.float32)
+            kernel(qm.qs, qm.d, qm.m, x, y)
+            ys.append(y[:, :rows])
+        scale = (np.abs(x.astype(np.float64)) @ np.abs(ref_w)).max()
+        assert np.abs(ys[1] - x.astype(np.float64) @ ref_w).max() / scale < 1e-5, T
+        assert np.abs(ys[1] - ys[0]).max() / scale < 1e-6, T     # the same order of sums
+    for size in range(4, 17):                    # a chunk's passes never read past it
+        left = size
+        while left:
+            n = K.pass_rows(left)
+            assert 3 <= n <= min(left, 5), (size, left, n)
+            left -= n
+    with pytest.raises(ValueError, match="at least 4"):            # its passes need 3+ rows
+        K.batch_registers(qm.qs, qm.d, qm.m, x[:3], np.empty((3, rows), np.float32))
+
+
 @pytest.mark.parametrize("rows, lanes", [(256, 128), (192, 64), (45, 64)])
 def test_groups_are_128_rows_wide_where_the_row_count_allows(rows, lanes):
     rng = np.random.default_rng(rows)

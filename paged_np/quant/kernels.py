@@ -33,6 +33,9 @@ Kernels (all take checked, contiguous arrays; :mod:`.matrix` validates):
   step, prefill), parallel over row groups: each block is dequantized once
   into a float32 tile ``[32, LANES]`` in L1 and multiplied into up to
   ``BATCH`` rows, four rows per pass (:func:`_multiply_tile`);
+- ``batch_registers``: the same with each pass's sums (3-5 input rows x 16
+  output rows) in registers through a block, for AVX2's 16 vector registers
+  (:data:`.matrix.BATCH_KERNEL` picks one of the two by the CPU);
 - ``*_embed``: dequantize whole rows (token embedding lookup).
 
 The loops read their trip counts from the arrays' shapes (not constants):
@@ -46,6 +49,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..config import JIT_OPTIONS
+from .simd import fma, load_f32, splat, store_f32
 
 #: Output rows per group: the inner loop's length. LLVM vectorises it 16 float32 lanes
 #: wide, 4 vectors per iteration (64 rows); every loop entry pays a fixed cost (trip
@@ -231,6 +235,123 @@ def batch(qs, d, m, x, y):
                 else:
                     dequantize_q4_block(qs, d, m, g, b, w)
                 _multiply_tile(w, x, b * 32, t0, t1, acc)
+            for t in range(t0, t1):
+                y[t, g * R:(g + 1) * R] = acc[t - t0]
+
+
+# --------------------------------------------- batch with sums in registers (AVX2)
+# ``_multiply_tile`` leaves LLVM to vectorise its loop over a group's rows; with
+# AVX2's 16 vector registers the 16 broadcast inputs of its 4 x 4 pass do not fit,
+# and every pass loads and stores its four sums. The passes below hold the sums of
+# 3-5 input rows x 16 output rows in registers (:mod:`.simd` vectors, two ``ymm``
+# each on AVX2) through a block's 32 weights: per weight one tile load, one
+# broadcast and one exact fma per input row, no store. Each sum still adds its
+# products one weight after the other (``a = fma(w_j, x_j, a)``), the order LLVM
+# gave ``_multiply_tile``'s contracted loop, so the results are the same.
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _pass3(wf, R, x, base, acc, i, t, c):
+    """Rows ``t..t+2`` of ``x``, lanes ``c..c+15`` of the tile ``wf`` (flat [32, R]), into
+    ``acc`` (flat [rows, R]) from its row ``i``."""
+    o = i * R + c
+    a0, a1, a2 = load_f32(acc, o), load_f32(acc, o + R), load_f32(acc, o + 2 * R)
+    for j in range(32):
+        w = load_f32(wf, j * R + c)
+        a0 = fma(w, splat(x[t, base + j]), a0)
+        a1 = fma(w, splat(x[t + 1, base + j]), a1)
+        a2 = fma(w, splat(x[t + 2, base + j]), a2)
+    store_f32(acc, o, a0)
+    store_f32(acc, o + R, a1)
+    store_f32(acc, o + 2 * R, a2)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _pass4(wf, R, x, base, acc, i, t, c):
+    """:func:`_pass3` for four rows."""
+    o = i * R + c
+    a0, a1 = load_f32(acc, o), load_f32(acc, o + R)
+    a2, a3 = load_f32(acc, o + 2 * R), load_f32(acc, o + 3 * R)
+    for j in range(32):
+        w = load_f32(wf, j * R + c)
+        a0 = fma(w, splat(x[t, base + j]), a0)
+        a1 = fma(w, splat(x[t + 1, base + j]), a1)
+        a2 = fma(w, splat(x[t + 2, base + j]), a2)
+        a3 = fma(w, splat(x[t + 3, base + j]), a3)
+    store_f32(acc, o, a0)
+    store_f32(acc, o + R, a1)
+    store_f32(acc, o + 2 * R, a2)
+    store_f32(acc, o + 3 * R, a3)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _pass5(wf, R, x, base, acc, i, t, c):
+    """:func:`_pass3` for five rows (10 of AVX2's 16 registers hold the sums)."""
+    o = i * R + c
+    a0, a1 = load_f32(acc, o), load_f32(acc, o + R)
+    a2, a3, a4 = load_f32(acc, o + 2 * R), load_f32(acc, o + 3 * R), load_f32(acc, o + 4 * R)
+    for j in range(32):
+        w = load_f32(wf, j * R + c)
+        a0 = fma(w, splat(x[t, base + j]), a0)
+        a1 = fma(w, splat(x[t + 1, base + j]), a1)
+        a2 = fma(w, splat(x[t + 2, base + j]), a2)
+        a3 = fma(w, splat(x[t + 3, base + j]), a3)
+        a4 = fma(w, splat(x[t + 4, base + j]), a4)
+    store_f32(acc, o, a0)
+    store_f32(acc, o + R, a1)
+    store_f32(acc, o + 2 * R, a2)
+    store_f32(acc, o + 3 * R, a3)
+    store_f32(acc, o + 4 * R, a4)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def pass_rows(left: int) -> int:
+    """Rows the next pass takes when ``left`` (>= 3) remain: fives while the rest still
+    splits into passes of 3-5, then fours, then threes (9 = 5 + 4, 6 = 3 + 3)."""
+    if left >= 9 or left == 5:
+        return 5
+    if left == 4 or left == 7 or left == 8:
+        return 4
+    return 3
+
+
+@njit(parallel=True, **JIT_OPTIONS)
+def batch_registers(qs, d, m, x, y):
+    """:func:`batch` with the sums in registers: ``x`` float32 [T, K], T >= 4 -> ``y``.
+
+    The same dequantized tile per block; the rows in chunks of at most ``BATCH``, of
+    near-equal sizes (17 rows: 9 + 8), so every chunk has at least 4 rows and splits
+    into passes of 3-5 (:func:`pass_rows`).
+    """
+    G, nb, _, R = qs.shape
+    T = x.shape[0]
+    if T < 4:
+        raise ValueError("batch_registers needs at least 4 input rows")
+    chunks = -(-T // BATCH)
+    for g in prange(G):
+        w = np.empty((32, R), np.float32)
+        wf = w.reshape(32 * R)
+        acc = np.empty((BATCH, R), np.float32)
+        accf = acc.reshape(BATCH * R)
+        for k in range(chunks):
+            t0, t1 = k * T // chunks, (k + 1) * T // chunks
+            acc[:] = 0.0
+            for b in range(nb):
+                if m is None:
+                    dequantize_q8_block(qs, d, g, b, w)
+                else:
+                    dequantize_q4_block(qs, d, m, g, b, w)
+                t = t0
+                while t < t1:
+                    n = pass_rows(t1 - t)
+                    for c in range(0, R, 16):
+                        if n == 5:
+                            _pass5(wf, R, x, b * 32, accf, t - t0, t, c)
+                        elif n == 4:
+                            _pass4(wf, R, x, b * 32, accf, t - t0, t, c)
+                        else:
+                            _pass3(wf, R, x, b * 32, accf, t - t0, t, c)
+                    t += n
             for t in range(t0, t1):
                 y[t, g * R:(g + 1) * R] = acc[t - t0]
 

@@ -70,6 +70,8 @@ def _has(feature: str) -> bool:
 HAS_VNNI = _has("avx512vnni")
 #: Else, whether it is AVX2's byte-pair multiply-add (``vpmaddubsw`` then ``vpmaddwd``).
 HAS_AVX2 = _has("avx2")
+#: 32 vector registers (AVX-512) rather than 16: the float kernels pick their tiles by it.
+HAS_AVX512 = _has("avx512f")
 
 
 class Vec(types.Type):
