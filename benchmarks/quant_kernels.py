@@ -6,13 +6,15 @@ Writes ``benchmarks/quant_kernels.md``. For each input row count T (1-3: the
 ``rows`` kernel; from 4: ``batch``) it times one pass over the 30 layers'
 four fused projections and the tied LM head, held as the file's blocks
 (Q4_1 projections, Q8_0 head) and as float32 (BLAS), alternating, and
-reports the best pass of ``--rounds``. Three ablations beside them: the
+reports the best pass of ``--rounds``. Four ablations beside them: the
 ``rows`` kernel at every T (why ``batch`` takes over at 4); ``batch`` with
 one input row and eight weights per pass over the accumulators instead of
-four rows and four weights (:func:`one_row_batch`, the Q4 projections); and
-every matrix repacked with 64 lanes, where the package gives 128 to those
+four rows and four weights (:func:`one_row_batch`, the Q4 projections); the
+batch kernel the package did not pick for this CPU (``batch`` where it runs
+``batch_registers``, with 16 vector registers, and the other way round with 32);
+and every matrix repacked with 64 lanes, where the package gives 128 to those
 whose row count allows it (the kernels take the lane count from the array's
-shape).
+shape). ``--out`` names the table (default ``benchmarks/quant_kernels.md``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from paged_np.config import JIT_OPTIONS  # noqa: E402
 from paged_np.models.blas import pinned_threads  # noqa: E402
 from paged_np.quant import FEW_ROWS, QuantMatrix  # noqa: E402
 from paged_np.quant import kernels as K  # noqa: E402
+from paged_np.quant.matrix import BATCH_KERNEL  # noqa: E402
 
 
 @njit(**JIT_OPTIONS)
@@ -84,6 +87,18 @@ def rows_only(x, qm):
     return y
 
 
+OTHER_BATCH = K.batch if BATCH_KERNEL is K.batch_registers else K.batch_registers
+
+
+def other_batch(x, qm):
+    """``x @ qm`` with the batch kernel :data:`BATCH_KERNEL` did not pick (from 4 rows)."""
+    if x.shape[0] <= FEW_ROWS:
+        return x @ qm
+    y = np.empty((x.shape[0], qm.qs.shape[0] * qm.qs.shape[3]), np.float32)
+    OTHER_BATCH(qm.qs, qm.d, qm.m, x, y)
+    return y[:, :qm.shape[1]]
+
+
 def with_lanes(qm: QuantMatrix, lanes: int) -> QuantMatrix:
     """The same weights regrouped ``lanes`` output rows per group (128 or 64 -> 64)."""
     G, nb, j, R = qm.qs.shape
@@ -104,6 +119,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64, 110])
+    ap.add_argument("--out", default=str(Path(__file__).parent / "quant_kernels.md"))
     args = ap.parse_args(argv)
     model, _ = pnp.load_model("smollm2-135m-instruct")
     proj = [*model.wqkv, *model.w["wo"], *model.w_gate_up, *model.w["w_down"]]
@@ -112,13 +128,17 @@ def main(argv=None) -> int:
             "float32": [np.asarray(m) for m in proj] + [np.asarray(head)],
             "rows kernel": proj + [head],
             "one row per pass": proj + [head],
+            "other batch kernel": proj + [head],
             "64 lanes everywhere": [with_lanes(m, 64) for m in proj] + [with_lanes(head, 64)]}
     how = {"rows kernel": rows_only,
-           "one row per pass": lambda x, m: one_row_batch(x, m) if m.fmt != "Q8_0" else x @ m}
+           "one row per pass": lambda x, m: one_row_batch(x, m) if m.fmt != "Q8_0" else x @ m,
+           "other batch kernel": other_batch}
     nbytes = {k: sum(m.nbytes for m in v) for k, v in sets.items()}
     rng = np.random.default_rng(0)
+    out = Path(args.out)
+    out_arg = "" if out.name == "quant_kernels.md" else f" --out benchmarks/{out.name}"
     lines = ["# Quantized kernels, one pass over SmolLM2-135M's matrices", "",
-             f"`python benchmarks/quant_kernels.py --threads {args.threads}`. Machine: "
+             f"`python benchmarks/quant_kernels.py --threads {args.threads}{out_arg}`. Machine: "
              f"{cpu_model()}, {os.cpu_count()} cores, {isa_info()['codegen']}, "
              f"{args.threads} thread(s), NumPy {np.__version__}, Python "
              f"{platform.python_version()}; shared with other jobs, so read the ratios. "
@@ -127,8 +147,9 @@ def main(argv=None) -> int:
              f"{nbytes['float32'] / 2**20:.0f} MiB float32); best of "
              f"{args.rounds} alternating rounds.", "",
              "| rows T | kernel | quantized ms | float32 ms | float32 / quantized | "
-             "rows kernel ms | one row per pass ms | 64 lanes everywhere ms | quantized GB/s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"rows kernel ms | one row per pass ms | {OTHER_BATCH.__name__} ms | "
+             "64 lanes everywhere ms | quantized GB/s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     with pinned_threads(args.threads):
         for T in args.rows:
             xs = {k: rng.standard_normal((T, k), dtype=np.float32) for k in (576, 1536)}
@@ -140,15 +161,15 @@ def main(argv=None) -> int:
                     for m in mats:
                         mul(xs[m.shape[0]], m)
                     best[name] = min(best[name], time.perf_counter() - t0)
-            kernel = "rows" if T <= FEW_ROWS else "batch"
+            kernel = "rows" if T <= FEW_ROWS else BATCH_KERNEL.__name__
             q, f = best["quantized"], best["float32"]
             lines.append(f"| {T} | {kernel} | {1e3 * q:.1f} | {1e3 * f:.1f} | {f / q:.2f}x | "
                          f"{1e3 * best['rows kernel']:.1f} | "
                          f"{1e3 * best['one row per pass']:.1f} | "
+                         f"{1e3 * best['other batch kernel']:.1f} | "
                          f"{1e3 * best['64 lanes everywhere']:.1f} | "
                          f"{nbytes['quantized'] / q / 1e9:.1f} |")
             print(lines[-1], flush=True)
-    out = Path(__file__).parent / "quant_kernels.md"
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}")
     return 0
