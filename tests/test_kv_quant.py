@@ -1,8 +1,9 @@
 """8-bit KV pages: the formats, the config, and scales that travel with their page.
 
 The formats (:mod:`paged_np.cache.kv_quant`) are checked against their
-definitions (int8: nearest integer of ``x / scale``; fp8 e4m3: PyTorch's
-``float8_e4m3fn``, every byte and every rounding); the cache must keep a
+definitions (int8: nearest integer of ``x / scale``; fp8 e4m3: the OCP
+``float8_e4m3fn`` format that PyTorch and vLLM use, every byte decoded from
+its bit fields and every rounding to the nearest value, ties to even); the cache must keep a
 page's scales with it through copy-on-write, prefix hits and swap, so a
 sequence reads exactly the codes and scales it wrote.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from engine_helpers import prompts, tiny_model
 
 import paged_np as pnp
@@ -22,19 +22,43 @@ FORMATS = ("int8", "fp8_e4m3")
 
 
 # ------------------------------------------------------------------ the formats
-def test_fp8_table_is_torchs_e4m3fn_for_every_byte():
-    codes = torch.arange(256, dtype=torch.uint8)
-    want = codes.view(torch.float8_e4m3fn).float().numpy()
+def e4m3fn_value(byte: int) -> float:
+    """The OCP FP8 E4M3 ("fn": finite, no infinities) value of one byte, from its fields:
+    1 sign bit, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is subnormal
+    (m/8 x 2^-6), and S.1111.111 is NaN, the only one."""
+    sign = -1.0 if byte & 0x80 else 1.0
+    e, m = (byte >> 3) & 15, byte & 7
+    if e == 15 and m == 7:
+        return float("nan")
+    if e == 0:
+        return sign * m / 8 * 2.0**-6
+    return sign * (1 + m / 8) * 2.0 ** (e - 7)
+
+
+def test_fp8_table_is_e4m3fn_for_every_byte():
+    want = np.array([e4m3fn_value(b) for b in range(256)], np.float32)
     np.testing.assert_array_equal(FP8_E4M3, want)               # NaN at 0x7F and 0xFF too
+    assert want[0x7E] == 448.0 and want[0x01] == 2.0**-9         # largest, smallest
 
 
-def test_fp8_encode_rounds_like_torch():
+def nearest_e4m3fn(y: np.ndarray) -> np.ndarray:
+    """Bytes of ``y`` (within +-448) rounded to the nearest E4M3 value, ties to the even
+    code (the even mantissa), the sign kept (a negative that rounds to zero is 0x80)."""
+    mags = np.array([e4m3fn_value(b) for b in range(127)])       # 0 .. 448, ascending
+    a = np.abs(y.astype(np.float64))
+    hi = np.clip(np.searchsorted(mags, a), 1, 126)               # mags[hi-1] <= a <= mags[hi]
+    lo = hi - 1
+    d_lo, d_hi = a - mags[lo], mags[hi] - a
+    code = np.where(d_lo < d_hi, lo, np.where(d_hi < d_lo, hi, np.where(lo % 2 == 0, lo, hi)))
+    return (code | np.where(np.signbit(y), 0x80, 0)).astype(np.uint8)
+
+
+def test_fp8_encode_rounds_to_nearest_even():
     rng = np.random.default_rng(0)
     y = np.concatenate([rng.uniform(-448, 448, 20000), rng.normal(0, 0.01, 5000),
                         (FP8_E4M3[:126] + FP8_E4M3[1:127]) / 2,  # every tie between neighbours
-                        [0.0, 448.0, -448.0, 2.0**-9, 2.0**-10]]).astype(np.float32)
-    want = torch.from_numpy(y).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
-    np.testing.assert_array_equal(fp8_e4m3_encode(y), want)
+                        [0.0, 448.0, -448.0, 2.0**-9, 2.0**-10, -2.0**-11]]).astype(np.float32)
+    np.testing.assert_array_equal(fp8_e4m3_encode(y), nearest_e4m3fn(y))
 
 
 @pytest.mark.parametrize("fmt, qmax", [("int8", 127), ("fp8_e4m3", 448)])
