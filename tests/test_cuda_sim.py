@@ -1,7 +1,9 @@
 """The cuda backend from the main test run: both checks run in a subprocess.
 
 - tests/cudasim runs in its own pytest process with NUMBA_ENABLE_CUDASIM=1 (the
-  simulator must be switched on before numba is imported, so not in this one);
+  simulator must be switched on before numba is imported, so not in this one),
+  started by conftest.py as soon as collection ends so that it overlaps the rest
+  of the run (it is single-threaded and takes minutes);
 - without the simulator and without a GPU, importing the cuda backend raises
   CudaUnavailable, whose message names the extra and the simulator switch.
 """
@@ -9,6 +11,7 @@
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -25,13 +28,44 @@ def _run(args, extra_env, timeout):
                           text=True, timeout=timeout)
 
 
+class SimulatorRun:
+    """``tests/cudasim`` running in a subprocess, its output going to a temporary file."""
+
+    def __init__(self):
+        env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+        env.update(NUMBA_ENABLE_CUDASIM="1",
+                   PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+        self.out = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "tests/cudasim", "-q", "-p", "no:cacheprovider"],
+            cwd=ROOT, env=env, stdout=self.out, stderr=subprocess.STDOUT, text=True)
+
+    def result(self, timeout: float) -> tuple[int, str]:
+        """(return code, everything it printed), once it has ended."""
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        self.out.seek(0)
+        return rc, self.out.read()
+
+
+#: Where conftest.py keeps the run it started.
+SIMULATOR_RUN = pytest.StashKey()
+
+
+def start_simulator_run() -> SimulatorRun:
+    """Started by ``conftest.py`` when collection ends, so it overlaps the other tests."""
+    return SimulatorRun()
+
+
 @pytest.mark.cudasim
-def test_cuda_kernels_on_the_simulator():
-    res = _run(["-m", "pytest", "tests/cudasim", "-q", "-p", "no:cacheprovider"],
-               {"NUMBA_ENABLE_CUDASIM": "1"}, timeout=900)
-    assert res.returncode == 0, (
-        f"simulator tests failed:\n{res.stdout[-6000:]}\n{res.stderr[-3000:]}")
-    assert " passed" in res.stdout and "skipped" not in res.stdout
+def test_cuda_kernels_on_the_simulator(request):
+    run = request.config.stash.get(SIMULATOR_RUN, None) or start_simulator_run()
+    rc, out = run.result(timeout=900)
+    assert rc == 0, f"simulator tests failed:\n{out[-9000:]}"
+    assert " passed" in out and "skipped" not in out, out[-3000:]
 
 
 def test_cuda_backend_without_gpu_raises_named_error():
