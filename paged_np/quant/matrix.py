@@ -55,8 +55,8 @@ from .simd import HAS_AVX512
 #: Largest input row count that uses the ``rows`` kernel (from 4 rows: ``batch``).
 FEW_ROWS = 3
 #: The kernel for more rows: with AVX2's 16 vector registers the one that keeps its sums
-#: in registers (measured 1.3x faster at 9 rows on an AVX2-only EPYC,
-#: ``benchmarks/quant_kernels.py``); with AVX-512's 32, LLVM's vectorised loop, which an
+#: in registers (1.24x faster at 9 rows, 1.39x at 64, on an AVX2-only EPYC:
+#: ``benchmarks/quant_kernels_avx2.md``); with AVX-512's 32, LLVM's vectorised loop, which an
 #: earlier register version did not beat there. Each sum adds the same products in the same
 #: order in both (on the AVX2 machine, the same bits).
 BATCH_KERNEL = K.batch if HAS_AVX512 else K.batch_registers
