@@ -137,6 +137,31 @@ def test_both_batch_kernels_give_the_same_sums(fmt, rows):
         K.batch_registers(qm.qs, qm.d, qm.m, x[:3], np.empty((3, rows), np.float32))
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows", [45, 256])                        # 64 and 128 lanes
+def test_a_dequantized_tile_rounds_each_weight_once(fmt, rows):
+    # The batch kernels' tile: d * q + m with one rounding (an fma; Q8_0: d * q), for each
+    # weight of a block, the row group's 64 or 128 output rows across (padding rows too).
+    from paged_np.quant import kernels as K
+    rng = np.random.default_rng(rows)
+    q, d, m = parse_blocks(file_bytes(random_matrix(rng, rows, 96), fmt), fmt, rows, 96)
+    qm = QuantMatrix.from_blocks(fmt, q, d, m)
+    G, nb, _, R = qm.qs.shape
+    pad = G * R - rows
+    q = np.pad(q, ((0, pad), (0, 0), (0, 0))).astype(np.float64)   # [G*R, nb, 32]
+    d, m = (np.pad(a, ((0, pad), (0, 0))).astype(np.float64) for a in (d, m))
+    # In float64 the product and the sum are exact here: one rounding, to float32.
+    ref = (d[..., None] * q + m[..., None]).astype(np.float32)      # [G*R, nb, 32]
+    w = np.empty((32, R), np.float32)
+    for g in range(G):
+        for b in range(nb):
+            if fmt == "Q8_0":
+                K.dequantize_q8_block(qm.qs, qm.d, g, b, w)
+            else:
+                K.dequantize_q4_block(qm.qs, qm.d, qm.m, g, b, w)
+            np.testing.assert_array_equal(w, ref[g * R:(g + 1) * R, b].T, err_msg=f"{g} {b}")
+
+
 @pytest.mark.parametrize("rows, lanes", [(256, 128), (192, 64), (45, 64)])
 def test_groups_are_128_rows_wide_where_the_row_count_allows(rows, lanes):
     rng = np.random.default_rng(rows)
