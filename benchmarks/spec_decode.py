@@ -28,7 +28,9 @@ difference is a bug). Acceptance comes from ``llm.engine.metrics``:
 ``spec_mean_accepted_length`` (tokens a drafting step emits, 1 + accepted).
 
 It also times the model's forward at batch 1 with 1 and with 1 + k query rows
-over the paged cache (context 300), the cost a drafting step pays. Writes
+over the paged cache (context 300), the cost a drafting step pays, with its
+attention calls and its weight products on their own, and the products' rate
+against the machine's fma peak (where a verify step's time goes). Writes
 ``benchmarks/spec_decode.md`` (``--out``); ``--sweep`` writes
 ``benchmarks/spec_decode_sweep.md`` instead: each (k, prompt_lookup_max,
 prompt_lookup_min) of ``SWEEP`` on two prompts a category, one run each.
@@ -47,11 +49,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # this checkout's paged_np
 
 import numpy as np  # noqa: E402
+from numba import njit  # noqa: E402
 
 import paged_np as pnp  # noqa: E402
+import paged_np.models.llama as llama  # noqa: E402
 from paged_np.cli.machine import machine_line  # noqa: E402
 from paged_np.models.blas import pinned_threads  # noqa: E402
 from paged_np.models.llama import ForwardBatch  # noqa: E402
+from paged_np.quant import simd  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))       # the chats, beside this file
 from spec_decode_prompts import GROUNDED, prompts  # noqa: E402
@@ -151,14 +156,23 @@ def merge(res: dict, cats) -> dict:
 
 
 def forward_ms(model, ks=(0, 2, 4, 6, 8), context: int = 300, repeat: int = 20) -> dict:
-    """Best ms of the model's forward at batch 1 with 1 + k query rows (and 1 + k logits
-    rows, as a verify step computes), after ``context`` tokens in the paged cache."""
+    """Per k: (best ms of the model's forward at batch 1 with 1 + k query rows, and 1 + k
+    logits rows as a verify step computes, after ``context`` tokens in the paged cache;
+    the ms its 30 ``paged_attention`` calls took in that best run)."""
     engine = pnp.Engine(model, num_pages=64, page_size=16, max_num_batched_tokens=512)
     cache = engine.cache
     rng = np.random.default_rng(0)
     prompt = rng.integers(3, model.cfg.vocab_size, context).tolist()
     cache.add_sequence("s", prompt)
     out = {}
+    attention = [0.0]                                   # seconds in paged_attention, this run
+    real = llama.paged_attention
+
+    def timed_attention(*a, **kw):
+        t0 = time.perf_counter()
+        result = real(*a, **kw)
+        attention[0] += time.perf_counter() - t0
+        return result
 
     def run(tokens, start, n_logits):
         slots = cache.allocate_slots("s", len(tokens))                    # int64 [T]
@@ -167,20 +181,62 @@ def forward_ms(model, ks=(0, 2, 4, 6, 8), context: int = 300, repeat: int = 20) 
         batch = ForwardBatch(np.array(tokens, np.int64), np.arange(start, start + T),
                              slots, np.array([0, T], np.int32), meta.block_tables,
                              meta.seq_lens, np.arange(T - n_logits, T, dtype=np.int64))
+        attention[0] = 0.0
         t0 = time.perf_counter()
         model.forward(batch, cache)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, attention[0]
 
     run(prompt, 0, 1)                                                      # the prefill
     cache.append_tokens("s", prompt)
-    for k in ks:
-        best = float("inf")
-        for _ in range(repeat):
-            best = min(best, run(prompt[:1 + k], context, 1 + k))
-            cache.discard_pending("s")                                    # roll back
-        out[k] = best * 1e3
+    llama.paged_attention = timed_attention             # the forward looks it up per call
+    try:
+        for k in ks:
+            best = (float("inf"), 0.0)
+            for _ in range(repeat):
+                best = min(best, run(prompt[:1 + k], context, 1 + k))
+                cache.discard_pending("s")                                # roll back
+            out[k] = (best[0] * 1e3, best[1] * 1e3)
+    finally:
+        llama.paged_attention = real
     cache.free("s")
     return out
+
+
+def products_flops(model, rows: int) -> float:
+    """Floating-point operations of ``products_ms``'s products: 2 per multiply-add."""
+    mats = [model.wqkv, model.w["wo"], model.w_gate_up, model.w["w_down"]]
+    macs = sum(m[layer].shape[0] * m[layer].shape[1] for m in mats for layer in range(len(m)))
+    macs += model.cfg.hidden_size * model.cfg.vocab_size                  # the LM head
+    return 2.0 * rows * macs
+
+
+@njit(fastmath=False)
+def _fma_chains(a, n):
+    # 6 chains of 16-lane fmas on registers (12 ymm or 6 zmm: more than the fma units'
+    # latency x throughput on either), nothing read from memory.
+    a0, a1, a2 = simd.load_f32(a, 0), simd.load_f32(a, 16), simd.load_f32(a, 32)
+    a3, a4, a5 = simd.load_f32(a, 48), simd.load_f32(a, 64), simd.load_f32(a, 80)
+    w = simd.load_f32(a, 96)
+    for _ in range(n):
+        a0, a1, a2 = simd.fma(w, a0, w), simd.fma(w, a1, w), simd.fma(w, a2, w)
+        a3, a4, a5 = simd.fma(w, a3, w), simd.fma(w, a4, w), simd.fma(w, a5, w)
+    for i, v in enumerate((a0, a1, a2, a3, a4, a5)):
+        simd.store_f32(a, 16 * i, v)
+
+
+def fma_peak_gflops(threads: int, n: int = 2_000_000) -> float:
+    """This machine's float32 fma rate, GFLOP/s: one thread's best of 7 runs (~10 ms each:
+    a shared machine's other jobs only slow some) times ``threads``, the ceiling any
+    product kernel here works under (each thread its own core: ``lscpu`` says 1 thread
+    per core on the machines measured; two threads measured 1.9-2.0x one)."""
+    a = np.full(112, 0.5, np.float32)
+    _fma_chains(a, 10)                                                    # compile
+    best = float("inf")
+    for _ in range(7):
+        t0 = time.perf_counter()
+        _fma_chains(a, n)
+        best = min(best, time.perf_counter() - t0)
+    return threads * n * 6 * 16 * 2 / best / 1e9
 
 
 def products_ms(model, rows: int, repeat: int = 5) -> float:
@@ -312,25 +368,34 @@ def measure(quantization: str, convs, spec, max_tokens, rounds, args) -> dict:
         res = compare(model, tok, convs, spec, max_tokens, rounds, base=base)
         ks = sorted({0, 1, args.k} if args.quick else {0, 1, 2, 4, 6, 8, 10, 12, args.k})
         fwd = forward_ms(model, ks=ks, repeat=5 if args.quick else 20)
-        prods = {k: products_ms(model, 1 + k) for k in ks}
-    return dict(rows=rows_of(res), fwd=fwd, prods=prods, quantized=model.quantized)
+        prods = {k: products_ms(model, 1 + k, repeat=5 if args.quick else 20) for k in ks}
+        flops = {k: products_flops(model, 1 + k) for k in ks}
+        peak = fma_peak_gflops(args.threads)
+    return dict(rows=rows_of(res), fwd=fwd, prods=prods, flops=flops, peak=peak,
+                quantized=model.quantized)
 
 
 def section(quantization: str, r: dict, args) -> list[str]:
     """One weight format's tables and targets."""
-    fwd, prods = r["fwd"], r["prods"]
+    fwd, prods, flops, peak = r["fwd"], r["prods"], r["flops"], r["peak"]
     return [
         f"## Weights: {WEIGHTS[quantization]}",
         "",
         *table(r["rows"]),
         "",
         "The model's forward at batch 1 after 300 tokens in the paged cache, 1 + k query "
-        f"rows (all with logits, as a verify step needs), best of {5 if args.quick else 20}:",
+        f"rows (all with logits, as a verify step needs), best of {5 if args.quick else 20}; "
+        f"the products' rate against this machine's fma peak, {peak:.0f} GFLOP/s on "
+        f"{args.threads} threads (`fma_peak_gflops`: one thread's float32 fmas on registers, "
+        "times the threads):",
         "",
-        "| query rows | forward ms | vs 1 row | weight products alone, ms | vs 1 row |",
-        "|---|---|---|---|---|",
-        *[f"| 1 + {k} | {ms:.1f} | {ms / fwd[0]:.2f}x | {prods[k]:.1f} | "
-          f"{prods[k] / prods[0]:.2f}x |" for k, ms in fwd.items()],
+        "| query rows | forward ms | vs 1 row | weight products alone, ms | vs 1 row "
+        "| products GFLOP/s (of fma peak) | attention ms (30 calls) |",
+        "|---|---|---|---|---|---|---|",
+        *[f"| 1 + {k} | {ms:.1f} | {ms / fwd[0][0]:.2f}x | {prods[k]:.1f} | "
+          f"{prods[k] / prods[0]:.2f}x | {flops[k] / prods[k] / 1e6:.0f} "
+          f"({flops[k] / prods[k] / 1e6 / peak:.0%}) | {att:.1f} |"
+          for k, (ms, att) in fwd.items()],
         "",
         "Targets of issue 27 on these weights:",
         "",
@@ -397,7 +462,11 @@ def main(argv=None) -> int:
         "A drafting step pays off when the tokens it emits (the mean accepted length) "
         "exceed its cost in one-row forwards (the second table of each format). *Weight "
         "products alone*: the forward's matrix products (`x @ W` for every layer's four "
-        "weight matrices, and the LM head), nothing else.",
+        "weight matrices, and the LM head), nothing else; their *GFLOP/s* count 2 per "
+        "multiply-add. At one row the products wait on the weights' bytes; with more rows "
+        "the same bytes feed more multiply-adds, until the fma units are the limit. "
+        "*Attention*: the time the forward spent in its 30 `paged_attention` calls, in the "
+        "same best run.",
         "",
     ]
     for w, r in results.items():
