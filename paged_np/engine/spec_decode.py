@@ -91,10 +91,12 @@ def propose_reference(token_ids: list, k: int, n_max: int, n_min: int) -> list[i
 #: A drafting step costs a forward over 1 + k rows and yields 1 + (accepted
 #: drafts) tokens. In principle the weights are read once either way and the
 #: wider step costs about one decode; measured on SmolLM2 at batch 1
-#: (benchmarks/spec_decode.md) a 1 + 8 row step costs 3.7x a one-row one on the
-#: file's blocks with float32 inputs (each row does its own multiply-adds, and on
-#: 2 cores that is as slow as the weights' read) and 2.0x with int8 inputs
-#: (``quantization="gguf_a8"``). So a request keeps drafting only while its
+#: (benchmarks/spec_decode.md, an AVX-512 machine) a 1 + 8 row step costs 3.7x a
+#: one-row one on the file's blocks with float32 inputs (each row does its own
+#: multiply-adds, and on 2 cores that is as slow as the weights' read) and 2.0x
+#: with int8 inputs (``quantization="gguf_a8"``); on an AVX2-only machine, whose
+#: one-row step waits longer on memory, 2.4-2.8x and 1.9-2.1x
+#: (benchmarks/spec_decode_avx2.md, two runs). So a request keeps drafting only while its
 #: drafting steps emit at least this many tokens on average (between the two
 #: break-evens): a rule on tokens per step, not on the acceptance rate, since one
 #: draft proposed and accepted is a rate of 1.0 and still a loss.
