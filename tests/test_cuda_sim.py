@@ -20,25 +20,29 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(args, extra_env, timeout):
+def _env(**extra) -> dict:
+    """This process's environment for a child: the simulator off unless ``extra`` switches
+    it on, and this checkout first on the import path."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    env.update(extra_env)
+    env.update(extra)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return env
+
+
+def _run(args, extra_env, timeout):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=_env(**extra_env),
+                          capture_output=True, text=True, timeout=timeout)
 
 
 class SimulatorRun:
     """``tests/cudasim`` running in a subprocess, its output going to a temporary file."""
 
     def __init__(self):
-        env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-        env.update(NUMBA_ENABLE_CUDASIM="1",
-                   PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
         self.out = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pytest", "tests/cudasim", "-q", "-p", "no:cacheprovider"],
-            cwd=ROOT, env=env, stdout=self.out, stderr=subprocess.STDOUT, text=True)
+            cwd=ROOT, env=_env(NUMBA_ENABLE_CUDASIM="1"), stdout=self.out,
+            stderr=subprocess.STDOUT, text=True)
 
     def result(self, timeout: float) -> tuple[int, str]:
         """(return code, everything it printed), once it has ended."""
