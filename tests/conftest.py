@@ -17,8 +17,8 @@ SIMULATOR_TEST = "test_cuda_sim.py::test_cuda_kernels_on_the_simulator"
 
 def pytest_collection_finish(session):
     if any(item.nodeid.endswith(SIMULATOR_TEST) for item in session.items):
-        from test_cuda_sim import SIMULATOR_RUN, start_simulator_run
-        session.config.stash[SIMULATOR_RUN] = start_simulator_run()
+        from test_cuda_sim import SIMULATOR_RUN, SimulatorRun
+        session.config.stash[SIMULATOR_RUN] = SimulatorRun()
 
 
 def pytest_sessionfinish(session):

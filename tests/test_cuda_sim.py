@@ -55,18 +55,13 @@ class SimulatorRun:
         return rc, self.out.read()
 
 
-#: Where conftest.py keeps the run it started.
+#: Where conftest.py keeps the run it started when collection ended.
 SIMULATOR_RUN = pytest.StashKey()
-
-
-def start_simulator_run() -> SimulatorRun:
-    """Started by ``conftest.py`` when collection ends, so it overlaps the other tests."""
-    return SimulatorRun()
 
 
 @pytest.mark.cudasim
 def test_cuda_kernels_on_the_simulator(request):
-    run = request.config.stash.get(SIMULATOR_RUN, None) or start_simulator_run()
+    run = request.config.stash.get(SIMULATOR_RUN, None) or SimulatorRun()
     rc, out = run.result(timeout=900)
     assert rc == 0, f"simulator tests failed:\n{out[-9000:]}"
     assert " passed" in out and "skipped" not in out, out[-3000:]

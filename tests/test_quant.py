@@ -133,15 +133,16 @@ def test_both_batch_kernels_give_the_same_sums(fmt, rows):
             n = K.pass_rows(left)
             assert 3 <= n <= min(left, 5), (size, left, n)
             left -= n
-    with pytest.raises(ValueError, match="at least 4"):            # its passes need 3+ rows
+    with pytest.raises(pnp.ShapeError, match="at least 4"):        # its passes need 3+ rows
         K.batch_registers(qm.qs, qm.d, qm.m, x[:3], np.empty((3, rows), np.float32))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("rows", [45, 256])                        # 64 and 128 lanes
 def test_a_dequantized_tile_rounds_each_weight_once(fmt, rows):
-    # The batch kernels' tile: d * q + m with one rounding (an fma; Q8_0: d * q), for each
-    # weight of a block, the row group's 64 or 128 output rows across (padding rows too).
+    # The batch kernels' tile: d * q + m rounded once (Q8_0: d * q; a float16 scale times a
+    # small code is exact in float32), for each weight of a block, the row group's 64 or 128
+    # output rows across (padding rows too): the values and where each one lands.
     from paged_np.quant import kernels as K
     rng = np.random.default_rng(rows)
     q, d, m = parse_blocks(file_bytes(random_matrix(rng, rows, 96), fmt), fmt, rows, 96)

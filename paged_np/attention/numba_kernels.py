@@ -46,6 +46,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from ..config import JIT_OPTIONS
+from ..quant.simd import HAS_AVX512
 from .numba_widen import to_f32
 
 #: Running max of a row that has seen no key yet (finite: fastmath forbids inf).
@@ -135,14 +136,11 @@ def prefetch_rows(pages, pid, kvh, t0, t1):
 def vector_registers() -> int:
     """Vector registers of the target Numba compiles for: 32 with AVX-512, else 16.
 
-    Read from the CPU features Numba hands LLVM (``NUMBA_CPU_FEATURES``, or
-    the host's), so ``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=`` on an
-    AVX-512 machine counts 16, like the AVX2 machine it imitates.
+    The quantized kernels' test (:data:`paged_np.quant.simd.HAS_AVX512`): the CPU
+    features Numba hands LLVM, so ``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=`` on
+    an AVX-512 machine counts 16, like the AVX2 machine it imitates.
     """
-    from numba.core.registry import cpu_target
-
-    features = cpu_target.target_context.codegen()._get_host_cpu_features()
-    return 32 if "+avx512f" in features.split(",") else 16
+    return 32 if HAS_AVX512 else 16
 
 
 @njit(**JIT_OPTIONS)

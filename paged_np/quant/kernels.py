@@ -49,6 +49,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..config import JIT_OPTIONS
+from ..errors import ShapeError
 from .simd import fma, load_f32, splat, store_f32
 
 #: Output rows per group: the inner loop's length. LLVM vectorises it 16 float32 lanes
@@ -248,6 +249,8 @@ def batch(qs, d, m, x, y):
 # broadcast and one exact fma per input row, no store. Each sum still adds its
 # products one weight after the other (``a = fma(w_j, x_j, a)``), the order LLVM
 # gave ``_multiply_tile``'s contracted loop, so the results are the same.
+# One function per row count, not one with a count argument: each loop body then
+# has a fixed set of sums and no branch between its multiply-adds.
 
 
 @njit(inline="always", **JIT_OPTIONS)
@@ -326,7 +329,7 @@ def batch_registers(qs, d, m, x, y):
     G, nb, _, R = qs.shape
     T = x.shape[0]
     if T < 4:
-        raise ValueError("batch_registers needs at least 4 input rows")
+        raise ShapeError("x: batch_registers needs at least 4 input rows")
     chunks = -(-T // BATCH)
     for g in prange(G):
         w = np.empty((32, R), np.float32)

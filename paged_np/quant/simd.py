@@ -59,10 +59,12 @@ LANES = 16
 
 
 def _has(feature: str) -> bool:
-    """True when Numba compiles for a CPU with ``feature`` (the host, unless NUMBA_CPU_NAME
-    names another; then only if NUMBA_CPU_FEATURES lists it)."""
-    if config.CPU_NAME:
-        return f"+{feature}" in (config.CPU_FEATURES or "")
+    """True when Numba compiles for a CPU with ``feature``, by Numba's own rule: it hands
+    LLVM ``NUMBA_CPU_FEATURES`` when that is set (empty for ``NUMBA_CPU_NAME=generic``),
+    else the host's features. So ``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=`` on an
+    AVX-512 machine has none of them, like the AVX2 machine it imitates."""
+    if config.CPU_FEATURES is not None:
+        return f"+{feature}" in config.CPU_FEATURES.split(",")
     return bool(llb.get_host_cpu_features().get(feature, False))
 
 
@@ -70,7 +72,8 @@ def _has(feature: str) -> bool:
 HAS_VNNI = _has("avx512vnni")
 #: Else, whether it is AVX2's byte-pair multiply-add (``vpmaddubsw`` then ``vpmaddwd``).
 HAS_AVX2 = _has("avx2")
-#: 32 vector registers (AVX-512) rather than 16: the float kernels pick their tiles by it.
+#: 32 vector registers (AVX-512) rather than 16: the float kernels pick their tiles by it
+#: (:data:`.matrix.BATCH_KERNEL`, ``attention.numba_kernels.vector_registers``).
 HAS_AVX512 = _has("avx512f")
 
 
