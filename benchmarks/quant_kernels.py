@@ -6,15 +6,15 @@ Writes ``benchmarks/quant_kernels.md``. For each input row count T (1-3: the
 ``rows`` kernel; from 4: ``batch``) it times one pass over the 30 layers'
 four fused projections and the tied LM head, held as the file's blocks
 (Q4_1 projections, Q8_0 head) and as float32 (BLAS), alternating, and
-reports the best pass of ``--rounds``. Four ablations beside them: the
-``rows`` kernel at every T (why ``batch`` takes over at 4); ``batch`` with
-one input row and eight weights per pass over the accumulators instead of
-four rows and four weights (:func:`one_row_batch`, the Q4 projections); the
-batch kernel the package did not pick for this CPU (``batch`` where it runs
-``batch_registers``, with 16 vector registers, and the other way round with 32);
-and every matrix repacked with 64 lanes, where the package gives 128 to those
-whose row count allows it (the kernels take the lane count from the array's
-shape). ``--out`` names the table (default ``benchmarks/quant_kernels.md``).
+reports the best pass of ``--rounds``. Three ablations beside them: the
+``rows`` kernel at every T (why ``batch`` takes over at 4); the batch kernel
+as it was before every row got the bits of a one-row product
+(:func:`dequantized_tile_batch`: each block dequantized to ``d q + m`` in the
+tile, the sums carried across blocks, no scale per block: fewer operations,
+another rounding); and every matrix repacked with 64 lanes, where the
+package gives 128 to those whose row count allows it (the kernels take the
+lane count from the array's shape). ``--out`` names the table (default
+``benchmarks/quant_kernels.md``).
 """
 
 from __future__ import annotations
@@ -38,64 +38,148 @@ from paged_np.config import JIT_OPTIONS  # noqa: E402
 from paged_np.models.blas import pinned_threads  # noqa: E402
 from paged_np.quant import FEW_ROWS, QuantMatrix  # noqa: E402
 from paged_np.quant import kernels as K  # noqa: E402
-from paged_np.quant.matrix import BATCH_KERNEL  # noqa: E402
+from paged_np.quant.simd import fma, load_f32, splat, store_f32  # noqa: E402
+
+
+# ------------------------------------------- the ablation: a dequantized tile
+@njit(**JIT_OPTIONS)
+def _dequantize_q4_block(qs, d, m, g, b, w):
+    """Block ``b`` of row group ``g`` -> ``w`` float32 [32, LANES]: ``d * q + m``.
+
+    The high nibble without a shift: ``byte - lo = 16 hi`` exactly, and
+    ``(d / 16) (16 hi) = d hi`` exactly (a power of two), so each weight gets the same
+    bits as ``d * hi + m``; Numba's ``uint8 >> 4`` became 64-bit shifts and a repack
+    (measured 1.1-1.4x slower for the whole dequantization, on AVX2).
+    """
+    db, mb = d[g, b], m[g, b]
+    for j in range(16):
+        row, lo, hi = qs[g, b, j], w[j], w[j + 16]
+        for r in range(row.shape[0]):
+            q = np.int32(row[r])
+            low = np.float32(q & np.int32(15))
+            lo[r] = db[r] * low + mb[r]
+            hi[r] = (db[r] * np.float32(0.0625)) * (np.float32(q) - low) + mb[r]
 
 
 @njit(**JIT_OPTIONS)
-def _one_row_tile(w, x, base, t0, t1, acc):
-    """The ablation of ``kernels._multiply_tile``: one row, eight weights per pass."""
-    for t in range(t0, t1):
-        a = acc[t - t0]
-        for j in range(base, base + 32, 8):
-            x0, x1, x2, x3 = x[t, j], x[t, j + 1], x[t, j + 2], x[t, j + 3]
-            x4, x5, x6, x7 = x[t, j + 4], x[t, j + 5], x[t, j + 6], x[t, j + 7]
-            i = j - base
-            w0, w1, w2, w3, w4, w5, w6, w7 = (w[i], w[i + 1], w[i + 2], w[i + 3], w[i + 4],
-                                              w[i + 5], w[i + 6], w[i + 7])
-            for r in range(w.shape[1]):
-                a[r] += (w0[r] * x0 + w1[r] * x1 + w2[r] * x2 + w3[r] * x3
-                         + w4[r] * x4 + w5[r] * x5 + w6[r] * x6 + w7[r] * x7)
+def _dequantize_q8_block(qs, d, g, b, w):
+    """Block ``b`` of row group ``g`` -> ``w`` float32 [32, LANES]: ``d * q``."""
+    db = d[g, b]
+    for j in range(32):
+        row, wj = qs[g, b, j], w[j]
+        for r in range(row.shape[0]):
+            wj[r] = db[r] * np.float32(row[r])
+
+
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _dq_pass3(wf, R, x, base, acc, i, t, c):
+    """Rows ``t..t+2`` of ``x``, lanes ``c..c+15`` of the tile ``wf`` (flat [32, R]), into
+    ``acc`` (flat [rows, R]) from its row ``i``."""
+    o = i * R + c
+    a0, a1, a2 = load_f32(acc, o), load_f32(acc, o + R), load_f32(acc, o + 2 * R)
+    for j in range(32):
+        w = load_f32(wf, j * R + c)
+        a0 = fma(w, splat(x[t, base + j]), a0)
+        a1 = fma(w, splat(x[t + 1, base + j]), a1)
+        a2 = fma(w, splat(x[t + 2, base + j]), a2)
+    store_f32(acc, o, a0)
+    store_f32(acc, o + R, a1)
+    store_f32(acc, o + 2 * R, a2)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _dq_pass4(wf, R, x, base, acc, i, t, c):
+    """:func:`_dq_pass3` for four rows."""
+    o = i * R + c
+    a0, a1 = load_f32(acc, o), load_f32(acc, o + R)
+    a2, a3 = load_f32(acc, o + 2 * R), load_f32(acc, o + 3 * R)
+    for j in range(32):
+        w = load_f32(wf, j * R + c)
+        a0 = fma(w, splat(x[t, base + j]), a0)
+        a1 = fma(w, splat(x[t + 1, base + j]), a1)
+        a2 = fma(w, splat(x[t + 2, base + j]), a2)
+        a3 = fma(w, splat(x[t + 3, base + j]), a3)
+    store_f32(acc, o, a0)
+    store_f32(acc, o + R, a1)
+    store_f32(acc, o + 2 * R, a2)
+    store_f32(acc, o + 3 * R, a3)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _dq_pass5(wf, R, x, base, acc, i, t, c):
+    """:func:`_dq_pass3` for five rows (10 of AVX2's 16 registers hold the sums)."""
+    o = i * R + c
+    a0, a1 = load_f32(acc, o), load_f32(acc, o + R)
+    a2, a3, a4 = load_f32(acc, o + 2 * R), load_f32(acc, o + 3 * R), load_f32(acc, o + 4 * R)
+    for j in range(32):
+        w = load_f32(wf, j * R + c)
+        a0 = fma(w, splat(x[t, base + j]), a0)
+        a1 = fma(w, splat(x[t + 1, base + j]), a1)
+        a2 = fma(w, splat(x[t + 2, base + j]), a2)
+        a3 = fma(w, splat(x[t + 3, base + j]), a3)
+        a4 = fma(w, splat(x[t + 4, base + j]), a4)
+    store_f32(acc, o, a0)
+    store_f32(acc, o + R, a1)
+    store_f32(acc, o + 2 * R, a2)
+    store_f32(acc, o + 3 * R, a3)
+    store_f32(acc, o + 4 * R, a4)
 
 
 @njit(parallel=True, **JIT_OPTIONS)
-def _one_row_q4(qs, d, m, x, y):
+def dequantized_tile_batch(qs, d, m, x, y):
+    """The package's ``batch`` before its rows were made batch-invariant: each block
+    dequantized (``d q + m``, rounded once) into the tile, the sums carried across blocks
+    (no scale per block), so its rounding differs from ``rows``'. From 4 rows."""
     G, nb, _, R = qs.shape
+    T = x.shape[0]
+    if T < 4:
+        raise ValueError("x: needs at least 4 input rows")
+    chunks = -(-T // K.BATCH)
     for g in prange(G):
         w = np.empty((32, R), np.float32)
+        wf = w.reshape(32 * R)
         acc = np.empty((K.BATCH, R), np.float32)
-        for t0 in range(0, x.shape[0], K.BATCH):
-            t1 = min(x.shape[0], t0 + K.BATCH)
+        accf = acc.reshape(K.BATCH * R)
+        for k in range(chunks):
+            t0, t1 = k * T // chunks, (k + 1) * T // chunks
             acc[:] = 0.0
             for b in range(nb):
-                K.dequantize_q4_block(qs, d, m, g, b, w)
-                _one_row_tile(w, x, b * 32, t0, t1, acc)
+                if m is None:
+                    _dequantize_q8_block(qs, d, g, b, w)
+                else:
+                    _dequantize_q4_block(qs, d, m, g, b, w)
+                t = t0
+                while t < t1:
+                    n = K.pass_rows(t1 - t)
+                    for c in range(0, R, 16):
+                        if n == 5:
+                            _dq_pass5(wf, R, x, b * 32, accf, t - t0, t, c)
+                        elif n == 4:
+                            _dq_pass4(wf, R, x, b * 32, accf, t - t0, t, c)
+                        else:
+                            _dq_pass3(wf, R, x, b * 32, accf, t - t0, t, c)
+                    t += n
             for t in range(t0, t1):
                 y[t, g * R:(g + 1) * R] = acc[t - t0]
 
-
-def one_row_batch(x, qm):
-    """``x @ qm`` through :func:`_one_row_q4` (Q4 matrices only)."""
-    y = np.empty((x.shape[0], qm.qs.shape[0] * qm.qs.shape[3]), np.float32)
-    _one_row_q4(qm.qs, qm.d, qm.m, x, y)
-    return y
 
 
 def rows_only(x, qm):
     """``x @ qm`` through the ``rows`` kernel whatever T is."""
     y = np.empty((x.shape[0], qm.qs.shape[0] * qm.qs.shape[3]), np.float32)
-    K.rows(qm.qs, qm.d, qm.m, x, y)
+    xp, xs = K.inputs(x, qm.m is not None)
+    K.rows(qm.qs, qm.d, qm.m, xp, xs, y)
     return y
 
 
-OTHER_BATCH = K.batch if BATCH_KERNEL is K.batch_registers else K.batch_registers
-
-
-def other_batch(x, qm):
-    """``x @ qm`` with the batch kernel :data:`BATCH_KERNEL` did not pick (from 4 rows)."""
+def dequantized_tile(x, qm):
+    """``x @ qm`` with :func:`dequantized_tile_batch` from 4 rows (``rows`` below)."""
     if x.shape[0] <= FEW_ROWS:
         return x @ qm
     y = np.empty((x.shape[0], qm.qs.shape[0] * qm.qs.shape[3]), np.float32)
-    OTHER_BATCH(qm.qs, qm.d, qm.m, x, y)
+    dequantized_tile_batch(qm.qs, qm.d, qm.m, x, y)
     return y[:, :qm.shape[1]]
 
 
@@ -127,16 +211,15 @@ def main(argv=None) -> int:
     sets = {"quantized": proj + [head],
             "float32": [np.asarray(m) for m in proj] + [np.asarray(head)],
             "rows kernel": proj + [head],
-            "one row per pass": proj + [head],
-            "other batch kernel": proj + [head],
+            "dequantized tile": proj + [head],
             "64 lanes everywhere": [with_lanes(m, 64) for m in proj] + [with_lanes(head, 64)]}
-    how = {"rows kernel": rows_only,
-           "one row per pass": lambda x, m: one_row_batch(x, m) if m.fmt != "Q8_0" else x @ m,
-           "other batch kernel": other_batch}
+    how = {"rows kernel": rows_only, "dequantized tile": dequantized_tile}
     nbytes = {k: sum(m.nbytes for m in v) for k, v in sets.items()}
     rng = np.random.default_rng(0)
     out = Path(args.out)
     out_arg = "" if out.name == "quant_kernels.md" else f" --out benchmarks/{out.name}"
+    if args.rows != ap.get_default("rows"):
+        out_arg = f" --rows {' '.join(map(str, args.rows))}" + out_arg
     lines = ["# Quantized kernels, one pass over SmolLM2-135M's matrices", "",
              f"`python benchmarks/quant_kernels.py --threads {args.threads}{out_arg}`. Machine: "
              f"{cpu_model()}, {os.cpu_count()} cores, {isa_info()['codegen']}, "
@@ -147,9 +230,9 @@ def main(argv=None) -> int:
              f"{nbytes['float32'] / 2**20:.0f} MiB float32); best of "
              f"{args.rounds} alternating rounds.", "",
              "| rows T | kernel | quantized ms | float32 ms | float32 / quantized | "
-             f"rows kernel ms | one row per pass ms | {OTHER_BATCH.__name__} ms | "
-             "64 lanes everywhere ms | quantized GB/s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "rows kernel ms | dequantized tile ms | 64 lanes everywhere ms | "
+             "quantized GB/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     with pinned_threads(args.threads):
         for T in args.rows:
             xs = {k: rng.standard_normal((T, k), dtype=np.float32) for k in (576, 1536)}
@@ -161,12 +244,11 @@ def main(argv=None) -> int:
                     for m in mats:
                         mul(xs[m.shape[0]], m)
                     best[name] = min(best[name], time.perf_counter() - t0)
-            kernel = "rows" if T <= FEW_ROWS else BATCH_KERNEL.__name__
+            kernel = "rows" if T <= FEW_ROWS else "batch"
             q, f = best["quantized"], best["float32"]
             lines.append(f"| {T} | {kernel} | {1e3 * q:.1f} | {1e3 * f:.1f} | {f / q:.2f}x | "
                          f"{1e3 * best['rows kernel']:.1f} | "
-                         f"{1e3 * best['one row per pass']:.1f} | "
-                         f"{1e3 * best['other batch kernel']:.1f} | "
+                         f"{1e3 * best['dequantized tile']:.1f} | "
                          f"{1e3 * best['64 lanes everywhere']:.1f} | "
                          f"{nbytes['quantized'] / q / 1e9:.1f} |")
             print(lines[-1], flush=True)

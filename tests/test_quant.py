@@ -108,59 +108,64 @@ def test_every_kernel_equals_the_reference(fmt, rows, nb, T, threads, seed):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("rows", [64, 256])                        # 64 and 128 lanes
-def test_both_batch_kernels_give_the_same_sums(fmt, rows):
-    # QuantMatrix runs one of them, by the CPU's vector registers: run both here, at every
-    # row count whose passes (3-5 rows) and chunks (<= 16 rows) differ.
-    from paged_np.quant import kernels as K
+@pytest.mark.parametrize("rows", [45, 64, 256])                    # 64 and 128 lanes
+def test_every_row_gets_the_bits_of_a_one_row_product(fmt, rows):
+    # Batch invariance: a row's result must not depend on how many rows share the call,
+    # so that a verify step scores each draft as a decode step would. T = 1-3 run `rows`,
+    # T >= 4 `batch` in chunks and passes that differ with T (3-5 rows, <= 16 a chunk).
     rng = np.random.default_rng(rows)
     raw = file_bytes(random_matrix(rng, rows, 96), fmt)
     qm = QuantMatrix.from_blocks(fmt, *parse_blocks(raw, fmt, rows, 96))
     ref_w = dequantize_raw(raw, fmt, rows, 96).T.astype(np.float64)
-    for T in [*range(4, 21), 33, 40]:
-        x = rng.standard_normal((T, 96)).astype(np.float32)
-        ys = []
-        for kernel in (K.batch, K.batch_registers):
-            y = np.empty((T, qm.qs.shape[0] * qm.qs.shape[3]), np.float32)
-            kernel(qm.qs, qm.d, qm.m, x, y)
-            ys.append(y[:, :rows])
-        scale = (np.abs(x.astype(np.float64)) @ np.abs(ref_w)).max()
-        assert np.abs(ys[1] - x.astype(np.float64) @ ref_w).max() / scale < 1e-5, T
-        assert np.abs(ys[1] - ys[0]).max() / scale < 1e-6, T     # the same order of sums
+    x = rng.standard_normal((40, 96)).astype(np.float32)
+    alone = np.concatenate([x[t:t + 1] @ qm for t in range(40)])          # one row a call
+    scale = (np.abs(x.astype(np.float64)) @ np.abs(ref_w)).max()
+    assert np.abs(alone - x.astype(np.float64) @ ref_w).max() / scale < 1e-5
+    for T in [*range(2, 21), 33, 40]:
+        np.testing.assert_array_equal(x[:T] @ qm, alone[:T], err_msg=f"T={T}")
+    from paged_np.quant import kernels as K
     for size in range(4, 17):                    # a chunk's passes never read past it
         left = size
         while left:
             n = K.pass_rows(left)
             assert 3 <= n <= min(left, 5), (size, left, n)
             left -= n
+    xp, xs = K.inputs(x[:3], fmt != "Q8_0")
     with pytest.raises(pnp.ShapeError, match="at least 4"):        # its passes need 3+ rows
-        K.batch_registers(qm.qs, qm.d, qm.m, x[:3], np.empty((3, rows), np.float32))
+        K.batch(qm.qs, qm.d, qm.m, xp, xs, np.empty((3, qm.qs.shape[0] * qm.qs.shape[3]),
+                                                     np.float32))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("rows", [45, 256])                        # 64 and 128 lanes
-def test_a_dequantized_tile_rounds_each_weight_once(fmt, rows):
-    # The batch kernels' tile: d * q + m rounded once (Q8_0: d * q; a float16 scale times a
-    # small code is exact in float32), for each weight of a block, the row group's 64 or 128
-    # output rows across (padding rows too): the values and where each one lands.
+def test_codes_tile_and_inputs_pair_each_code_with_its_input(fmt, rows):
+    # The tile row j holds the codes that multiply xp[:, 32 b + j]: Q8's code j; for Q4
+    # byte row j's low code (weight j) in row 2j, its whole byte in row 2j + 1, and xp
+    # pairs them with x_j - x_{j+16}/16 and x_{j+16}/16 (lo x_j + hi x_{j+16} exactly).
     from paged_np.quant import kernels as K
     rng = np.random.default_rng(rows)
     q, d, m = parse_blocks(file_bytes(random_matrix(rng, rows, 96), fmt), fmt, rows, 96)
     qm = QuantMatrix.from_blocks(fmt, q, d, m)
-    G, nb, _, R = qm.qs.shape
-    pad = G * R - rows
-    q = np.pad(q, ((0, pad), (0, 0), (0, 0))).astype(np.float64)   # [G*R, nb, 32]
-    d, m = (np.pad(a, ((0, pad), (0, 0))).astype(np.float64) for a in (d, m))
-    # In float64 the product and the sum are exact here: one rounding, to float32.
-    ref = (d[..., None] * q + m[..., None]).astype(np.float32)      # [G*R, nb, 32]
-    w = np.empty((32, R), np.float32)
+    G, nb, J, R = qm.qs.shape
+    q = np.pad(q, ((0, G * R - rows), (0, 0), (0, 0))).astype(np.float32)   # [G*R, nb, 32]
+    wf = np.empty(32 * R, np.float32)
     for g in range(G):
         for b in range(nb):
-            if fmt == "Q8_0":
-                K.dequantize_q8_block(qm.qs, qm.d, g, b, w)
-            else:
-                K.dequantize_q4_block(qm.qs, qm.d, qm.m, g, b, w)
-            np.testing.assert_array_equal(w, ref[g * R:(g + 1) * R, b].T, err_msg=f"{g} {b}")
+            K.codes_tile(qm.qs.reshape(-1), (g * nb + b) * J * R, R, fmt != "Q8_0", wf)
+            codes = q[g * R:(g + 1) * R, b].T                              # [32, R]
+            if fmt != "Q8_0":                                  # lo_j, lo_j + 16 hi_j = byte
+                codes = np.stack([codes[:16], codes[:16] + 16 * codes[16:]], 1).reshape(32, R)
+            np.testing.assert_array_equal(wf.reshape(32, R), codes, err_msg=f"{g} {b}")
+    x = rng.standard_normal((5, 96)).astype(np.float32)
+    xp, xs = K.inputs(x, fmt != "Q8_0")
+    if fmt == "Q8_0":
+        assert xp is x and xs.shape == (5, 0)
+        return
+    np.testing.assert_allclose(xs, x.reshape(5, 3, 32).sum(axis=2), rtol=1e-6)
+    lo, hi = x.reshape(5, 3, 2, 16)[:, :, 0], x.reshape(5, 3, 2, 16)[:, :, 1]
+    pairs = xp.reshape(5, 3, 16, 2)
+    np.testing.assert_array_equal(pairs[..., 1], hi * np.float32(0.0625))  # exact: 2**-4
+    np.testing.assert_allclose(pairs[..., 0], lo - hi / 16, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("rows, lanes", [(256, 128), (192, 64), (45, 64)])

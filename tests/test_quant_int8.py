@@ -199,18 +199,31 @@ def forward_rows(model, cache, seq, tokens, start, keep=False):
     return logits
 
 
+@pytest.fixture(scope="module")
+def f32_inputs_model():
+    """The same tiny model's weights quantized, float32 inputs (the default kernels)."""
+    float_model = tiny_model(seed=3)
+    shapes = weight_shapes(float_model.cfg)
+    return pnp.LlamaModel(float_model.cfg,
+                          quantize_weights({k: float_model.w[k] for k in shapes}))
+
+
+@pytest.mark.parametrize("inputs", ["int8", "float32"])
 @pytest.mark.parametrize("page_size", [4, 16])
-def test_forward_rows_do_not_depend_on_the_batch(a8_model, page_size):
-    # Decode one token at a time vs verify nine at once, numba attention: the same bits.
-    engine = pnp.Engine(a8_model, num_pages=64, page_size=page_size, backend="numba")
+def test_forward_rows_do_not_depend_on_the_batch(a8_model, f32_inputs_model, inputs,
+                                                 page_size):
+    # Decode one token at a time vs verify nine at once, numba attention: the same bits,
+    # with int8 inputs (int8.py) and with float32 inputs (kernels.py's rows and batch).
+    model = a8_model if inputs == "int8" else f32_inputs_model
+    engine = pnp.Engine(model, num_pages=64, page_size=page_size, backend="numba")
     cache = engine.cache
     prompt = RNG.integers(0, 128, 37).tolist()
     drafts = RNG.integers(0, 128, 9).tolist()
     cache.add_sequence("s", prompt)
-    forward_rows(a8_model, cache, "s", prompt, 0, keep=True)
-    verify = forward_rows(a8_model, cache, "s", drafts, len(prompt))
+    forward_rows(model, cache, "s", prompt, 0, keep=True)
+    verify = forward_rows(model, cache, "s", drafts, len(prompt))
     for i in range(len(drafts)):
-        one = forward_rows(a8_model, cache, "s", drafts[:i + 1], len(prompt))[i]
+        one = forward_rows(model, cache, "s", drafts[:i + 1], len(prompt))[i]
         assert np.array_equal(one, verify[i]), f"row {i} differs"
     cache.free("s")
 

@@ -18,12 +18,16 @@ file), so the kernels do no float16 conversion.
 Which kernel runs depends on the number of input rows ``T``:
 
 ========  ===================================================================
-1..3      ``rows``: decode (T = 1), a few decodes; each row decodes the
-          nibbles itself as it multiplies (no tile to write)
+1..3      ``rows``: decode (T = 1), a few decodes; each row converts the
+          codes itself as it multiplies (no tile to write)
 >= 4      ``batch``: a batch of decodes, a speculative verify step, prefill;
-          each block dequantized once into a float32 tile in L1 and
-          multiplied into 16 rows at a time, four rows per pass
+          each block's codes converted once into a float32 tile in L1 and
+          multiplied into 16 rows at a time, 3-5 rows per pass
 ========  ===================================================================
+
+Both compute each row with the same operations in the same order, so a row
+gets the same bits alone or among others (:mod:`.kernels`): greedy
+speculative decoding scores a draft exactly as decoding would.
 
 Both are Numba kernels on Numba's threads. Dequantizing panels for BLAS
 (the float32 path's product) is a little faster alone at 64 rows and more,
@@ -50,16 +54,9 @@ from ..forks import serial
 from . import int8 as I8
 from . import kernels as K
 from .blocks import BLOCK, FLOAT_FORMATS, QUANT_FORMATS, dequantize_blocks
-from .simd import HAS_AVX512
 
 #: Largest input row count that uses the ``rows`` kernel (from 4 rows: ``batch``).
 FEW_ROWS = 3
-#: The kernel for more rows: with AVX2's 16 vector registers the one that keeps its sums
-#: in registers (1.24x faster at 9 rows, 1.39x at 64, on an AVX2-only EPYC:
-#: ``benchmarks/quant_kernels_avx2.md``); with AVX-512's 32, LLVM's vectorised loop, which an
-#: earlier register version did not beat there. Each sum adds the same products in the same
-#: order in both (on the AVX2 machine, the same bits).
-BATCH_KERNEL = K.batch if HAS_AVX512 else K.batch_registers
 
 
 class QuantMatrix:
@@ -214,8 +211,9 @@ class QuantMatrix:
             serial(I8.matmul)(self.qs, self.d, self.m, x, y)  # serial: in a forked child
             return y if y.shape[1] == out else np.ascontiguousarray(y[:, :out])
         y = np.empty((T, self.qs.shape[0] * self.qs.shape[3]), np.float32)  # padded rows
-        kernel = BATCH_KERNEL if T > FEW_ROWS else K.rows
-        serial(kernel)(self.qs, self.d, self.m, x, y)            # m is None for Q8
+        xp, xs = K.inputs(x, self.m is not None)
+        kernel = K.batch if T > FEW_ROWS else K.rows
+        serial(kernel)(self.qs, self.d, self.m, xp, xs, y)       # m is None for Q8
         return y if y.shape[1] == out else np.ascontiguousarray(y[:, :out])
 
     def __getitem__(self, ids) -> np.ndarray:

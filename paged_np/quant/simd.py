@@ -32,6 +32,8 @@ checked by the caller: there is no bounds check in here)::
     zeros_i32(), zeros_f32()
     to_f32(v)               int32 lanes -> float32 lanes
     load_f32(a, i)          a[i:i+16];  store_f32(a, i, v)
+    low_codes_f32(a, i)     the 16 bytes a[i:i+16] as float32: & 15 (Q4's low codes),
+    byte_codes_f32(a, i)    unsigned (Q4's bytes), int8_codes_f32(a, i): signed (Q8's)
     splat(x)                one float32 in all 16 lanes
     mul(a, b), fma(a, b, c) a * b;  a * b + c (rounded once)
 
@@ -144,6 +146,32 @@ def store_f32(typingctx, a, i, v):
                       align=4)
         return context.get_dummy_value()
     return types.none(a, i, v), codegen
+
+
+_V16_U8, _V16_I32 = ir.VectorType(ir.IntType(8), 16), ir.VectorType(_I32, 16)
+
+
+def _codes(widen, low_nibble: bool):
+    """An intrinsic: the 16 bytes ``a[i:i+16]`` widened (``zext``/``sext``) to int32, the
+    low nibble only if asked, as float32 lanes (exact: small integers)."""
+    @intrinsic
+    def codes(typingctx, a, i):
+        def codegen(context, builder, sig, args):
+            v = builder.load(_address(context, builder, sig.args[0], *args, _V16_U8), align=1)
+            w = getattr(builder, widen)(v, _V16_I32)
+            if low_nibble:
+                w = builder.and_(w, ir.Constant(_V16_I32, [15] * 16))
+            return builder.sitofp(w, V_F32)
+        return F32x16(a, i), codegen
+    return codes
+
+
+#: ``a[i:i+16] & 15`` (unsigned bytes) as float32 lanes: Q4's low codes.
+low_codes_f32 = _codes("zext", True)
+#: The unsigned bytes ``a[i:i+16]`` as float32 lanes: Q4's whole bytes.
+byte_codes_f32 = _codes("zext", False)
+#: The signed bytes ``a[i:i+16]`` as float32 lanes: Q8's codes.
+int8_codes_f32 = _codes("sext", False)
 
 
 @intrinsic
