@@ -208,16 +208,21 @@ def main(argv=None) -> int:
     model, _ = pnp.load_model("smollm2-135m-instruct")
     proj = [*model.wqkv, *model.w["wo"], *model.w_gate_up, *model.w["w_down"]]
     head = model.w["embed"]
+    # float32 (BLAS) last in a round, then a pause: OpenBLAS's threads spin after their
+    # call and slowed whichever Numba set came next (the rows kernel at T = 1 took 2x the
+    # same kernel's time in the "quantized" column when it followed float32).
     sets = {"quantized": proj + [head],
-            "float32": [np.asarray(m) for m in proj] + [np.asarray(head)],
             "rows kernel": proj + [head],
             "dequantized tile": proj + [head],
-            "64 lanes everywhere": [with_lanes(m, 64) for m in proj] + [with_lanes(head, 64)]}
+            "64 lanes everywhere": [with_lanes(m, 64) for m in proj] + [with_lanes(head, 64)],
+            "float32": [np.asarray(m) for m in proj] + [np.asarray(head)]}
     how = {"rows kernel": rows_only, "dequantized tile": dequantized_tile}
     nbytes = {k: sum(m.nbytes for m in v) for k, v in sets.items()}
     rng = np.random.default_rng(0)
     out = Path(args.out)
     out_arg = "" if out.name == "quant_kernels.md" else f" --out benchmarks/{out.name}"
+    if args.rounds != ap.get_default("rounds"):
+        out_arg = f" --rounds {args.rounds}" + out_arg
     if args.rows != ap.get_default("rows"):
         out_arg = f" --rows {' '.join(map(str, args.rows))}" + out_arg
     lines = ["# Quantized kernels, one pass over SmolLM2-135M's matrices", "",
@@ -244,6 +249,8 @@ def main(argv=None) -> int:
                     for m in mats:
                         mul(xs[m.shape[0]], m)
                     best[name] = min(best[name], time.perf_counter() - t0)
+                    if name == "float32":
+                        time.sleep(0.3)                   # until OpenBLAS's threads park
             kernel = "rows" if T <= FEW_ROWS else "batch"
             q, f = best["quantized"], best["float32"]
             lines.append(f"| {T} | {kernel} | {1e3 * q:.1f} | {1e3 * f:.1f} | {f / q:.2f}x | "
