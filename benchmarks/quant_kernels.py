@@ -6,8 +6,10 @@ Writes ``benchmarks/quant_kernels.md``. For each input row count T (1-3: the
 ``rows`` kernel; from 4: ``batch``) it times one pass over the 30 layers'
 four fused projections and the tied LM head, held as the file's blocks
 (Q4_1 projections, Q8_0 head) and as float32 (BLAS), alternating, and
-reports the best pass of ``--rounds``. Three ablations beside them: the
-``rows`` kernel at every T (why ``batch`` takes over at 4); the batch kernel
+reports the best pass of ``--rounds``. Three ablations beside them:
+``rows`` as it was before its rows shared each conversion
+(:func:`per_row_rows`: every input row converts the codes again), run at
+every T (why ``batch`` takes over at 4, and what sharing saves at 2-3); the batch kernel
 as it was before every row got the bits of a one-row product
 (:func:`dequantized_tile_batch`: each block dequantized to ``d q + m`` in the
 tile, the sums carried across blocks, no scale per block: fewer operations,
@@ -39,6 +41,34 @@ from paged_np.models.blas import pinned_threads  # noqa: E402
 from paged_np.quant import FEW_ROWS, QuantMatrix  # noqa: E402
 from paged_np.quant import kernels as K  # noqa: E402
 from paged_np.quant.simd import fma, load_f32, splat, store_f32  # noqa: E402
+
+
+# ------------------------------------ the ablation: codes converted per row
+@njit(parallel=True, **JIT_OPTIONS)
+def per_row_rows(qs, d, m, xp, xs, y):
+    """The ``rows`` kernel before its rows shared the codes' conversion: the same
+    operations per row (``K._block_dot``), each input row converting the block's codes
+    again; any T."""
+    G, nb, J, R = qs.shape
+    T, N = xp.shape[0], y.shape[1]
+    q4 = m is not None
+    qf, df = qs.reshape(qs.size), d.reshape(d.size)
+    mf = m.reshape(m.size) if q4 else df
+    yf = y.reshape(y.size)
+    for g in prange(G):
+        acc = np.zeros(T * R, np.float32)
+        for b in range(nb):
+            qb, so = (g * nb + b) * J * R, (g * nb + b) * R
+            for t in range(T):
+                for c in range(0, R, 64):
+                    s0, s1, s2, s3 = K._block_dot(qf, qb, R, c, xp, t, b * 32, q4)
+                    o = t * R + c
+                    K._scale_into(acc, o, s0, df, mf, so + c, xs, t, b, q4)
+                    K._scale_into(acc, o + 16, s1, df, mf, so + c + 16, xs, t, b, q4)
+                    K._scale_into(acc, o + 32, s2, df, mf, so + c + 32, xs, t, b, q4)
+                    K._scale_into(acc, o + 48, s3, df, mf, so + c + 48, xs, t, b, q4)
+        for t in range(T):
+            yf[t * N + g * R:t * N + (g + 1) * R] = acc[t * R:(t + 1) * R]
 
 
 # ------------------------------------------- the ablation: a dequantized tile
@@ -166,11 +196,11 @@ def dequantized_tile_batch(qs, d, m, x, y):
 
 
 
-def rows_only(x, qm):
-    """``x @ qm`` through the ``rows`` kernel whatever T is."""
+def codes_per_row(x, qm):
+    """``x @ qm`` through :func:`per_row_rows` whatever T is."""
     y = np.empty((x.shape[0], qm.qs.shape[0] * qm.qs.shape[3]), np.float32)
     xp, xs = K.inputs(x, qm.m is not None)
-    K.rows(qm.qs, qm.d, qm.m, xp, xs, y)
+    per_row_rows(qm.qs, qm.d, qm.m, xp, xs, y)
     return y
 
 
@@ -212,11 +242,11 @@ def main(argv=None) -> int:
     # call and slowed whichever Numba set came next (the rows kernel at T = 1 took 2x the
     # same kernel's time in the "quantized" column when it followed float32).
     sets = {"quantized": proj + [head],
-            "rows kernel": proj + [head],
+            "codes per row": proj + [head],
             "dequantized tile": proj + [head],
             "64 lanes everywhere": [with_lanes(m, 64) for m in proj] + [with_lanes(head, 64)],
             "float32": [np.asarray(m) for m in proj] + [np.asarray(head)]}
-    how = {"rows kernel": rows_only, "dequantized tile": dequantized_tile}
+    how = {"codes per row": codes_per_row, "dequantized tile": dequantized_tile}
     nbytes = {k: sum(m.nbytes for m in v) for k, v in sets.items()}
     rng = np.random.default_rng(0)
     out = Path(args.out)
@@ -235,15 +265,20 @@ def main(argv=None) -> int:
              f"{nbytes['float32'] / 2**20:.0f} MiB float32); best of "
              f"{args.rounds} alternating rounds.", "",
              "| rows T | kernel | quantized ms | float32 ms | float32 / quantized | "
-             "rows kernel ms | dequantized tile ms | 64 lanes everywhere ms | "
+             "codes per row ms | dequantized tile ms | 64 lanes everywhere ms | "
              "quantized GB/s |",
              "|---|---|---|---|---|---|---|---|---|"]
     with pinned_threads(args.threads):
         for T in args.rows:
             xs = {k: rng.standard_normal((T, k), dtype=np.float32) for k in (576, 1536)}
             best = dict.fromkeys(sets, np.inf)
-            for _ in range(args.rounds + 1):                  # the first round compiles
-                for name, mats in sets.items():
+            numba_sets = [k for k in sets if k != "float32"]
+            for r in range(args.rounds + 1):                  # the first round compiles
+                # The Numba sets take turns to go first after the pause (the first set of
+                # a round measured up to 15% slower than the same kernel later in it).
+                k = r % len(numba_sets)
+                for name in numba_sets[k:] + numba_sets[:k] + ["float32"]:
+                    mats = sets[name]
                     t0 = time.perf_counter()
                     mul = how.get(name, operator.matmul)
                     for m in mats:
@@ -254,7 +289,7 @@ def main(argv=None) -> int:
             kernel = "rows" if T <= FEW_ROWS else "batch"
             q, f = best["quantized"], best["float32"]
             lines.append(f"| {T} | {kernel} | {1e3 * q:.1f} | {1e3 * f:.1f} | {f / q:.2f}x | "
-                         f"{1e3 * best['rows kernel']:.1f} | "
+                         f"{1e3 * best['codes per row']:.1f} | "
                          f"{1e3 * best['dequantized tile']:.1f} | "
                          f"{1e3 * best['64 lanes everywhere']:.1f} | "
                          f"{nbytes['quantized'] / q / 1e9:.1f} |")

@@ -111,7 +111,8 @@ def test_every_kernel_equals_the_reference(fmt, rows, nb, T, threads, seed):
 @pytest.mark.parametrize("rows", [45, 64, 256])                    # 64 and 128 lanes
 def test_every_row_gets_the_bits_of_a_one_row_product(fmt, rows):
     # Batch invariance: a row's result must not depend on how many rows share the call,
-    # so that a verify step scores each draft as a decode step would. T = 1-3 run `rows`,
+    # so that a verify step scores each draft as a decode step would. T = 1-3 run `rows`
+    # (one, two or three rows sharing each code's conversion, over 64, 32 or 16 lanes),
     # T >= 4 `batch` in chunks and passes that differ with T (3-5 rows, <= 16 a chunk).
     rng = np.random.default_rng(rows)
     raw = file_bytes(random_matrix(rng, rows, 96), fmt)
@@ -134,6 +135,10 @@ def test_every_row_gets_the_bits_of_a_one_row_product(fmt, rows):
     with pytest.raises(pnp.ShapeError, match="at least 4"):        # its passes need 3+ rows
         K.batch(qm.qs, qm.d, qm.m, xp, xs, np.empty((3, qm.qs.shape[0] * qm.qs.shape[3]),
                                                      np.float32))
+    xp, xs = K.inputs(x[:4], fmt != "Q8_0")
+    with pytest.raises(pnp.ShapeError, match="1 to 3"):            # it would drop the 4th
+        K.rows(qm.qs, qm.d, qm.m, xp, xs, np.empty((4, qm.qs.shape[0] * qm.qs.shape[3]),
+                                                   np.float32))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

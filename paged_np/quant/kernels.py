@@ -31,10 +31,10 @@ speculative verify step's rows are its decode rows, ``tests/test_quant.py``).
 
 Kernels (all take checked, contiguous arrays; :mod:`.matrix` validates):
 
-- ``rows``: 1-3 input rows (decode at batch 1, a few decodes), parallel
-  over row groups: each row converts the group's codes as it multiplies, and
-  the group's blocks come from memory once per call, from cache for the
-  other rows;
+- ``rows``: 1-3 input rows (decode at batch 1, a few decodes, a verify step
+  with one or two drafts), parallel over row groups: the group's blocks come
+  from memory once per call, and each code converted in registers feeds all
+  the rows;
 - ``batch``: 4 or more rows (a batch of decodes, a speculative verify
   step, prefill), parallel over row groups: each block's codes are converted
   once into a float32 tile ``[32, LANES]`` in L1 and multiplied into up to
@@ -140,18 +140,76 @@ def _block_dot(qf, qb, R, c, xp, t, o, q4):
     return s0, s1, s2, s3
 
 
+@njit(inline="always", **JIT_OPTIONS)
+def _block_dot2(qf, qb, R, c, xp, t, o, q4):
+    """:func:`_block_dot` for input rows ``t`` and ``t + 1`` at once, over 32 output lanes
+    from ``c`` (two 16-lane sums a row): each 16 codes converted once for both rows. Four
+    chains again, now two rows x two; 32 lanes, not 64, so that the sums, one 16-lane run
+    of codes and the inputs fit AVX2's 16 registers."""
+    a0 = a1 = b0 = b1 = zeros_f32()
+    if q4:
+        for j in range(16):
+            p = qb + j * R + c
+            xl0, xh0 = splat(xp[t, o + 2 * j]), splat(xp[t, o + 2 * j + 1])
+            xl1, xh1 = splat(xp[t + 1, o + 2 * j]), splat(xp[t + 1, o + 2 * j + 1])
+            lo, by = low_codes_f32(qf, p), byte_codes_f32(qf, p)
+            a0 = fma(by, xh0, fma(lo, xl0, a0))
+            b0 = fma(by, xh1, fma(lo, xl1, b0))
+            lo, by = low_codes_f32(qf, p + 16), byte_codes_f32(qf, p + 16)
+            a1 = fma(by, xh0, fma(lo, xl0, a1))
+            b1 = fma(by, xh1, fma(lo, xl1, b1))
+    else:
+        for j in range(32):
+            p = qb + j * R + c
+            x0, x1 = splat(xp[t, o + j]), splat(xp[t + 1, o + j])
+            w = int8_codes_f32(qf, p)
+            a0 = fma(w, x0, a0)
+            b0 = fma(w, x1, b0)
+            w = int8_codes_f32(qf, p + 16)
+            a1 = fma(w, x0, a1)
+            b1 = fma(w, x1, b1)
+    return a0, a1, b0, b1
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _block_dot3(qf, qb, R, c, xp, t, o, q4):
+    """:func:`_block_dot` for input rows ``t`` to ``t + 2`` at once, over 16 output lanes
+    from ``c``: each 16 codes converted once for the three rows (three chains)."""
+    a = b = e = zeros_f32()
+    if q4:
+        for j in range(16):
+            p = qb + j * R + c
+            lo, by = low_codes_f32(qf, p), byte_codes_f32(qf, p)
+            a = fma(by, splat(xp[t, o + 2 * j + 1]), fma(lo, splat(xp[t, o + 2 * j]), a))
+            b = fma(by, splat(xp[t + 1, o + 2 * j + 1]), fma(lo, splat(xp[t + 1, o + 2 * j]), b))
+            e = fma(by, splat(xp[t + 2, o + 2 * j + 1]), fma(lo, splat(xp[t + 2, o + 2 * j]), e))
+    else:
+        for j in range(32):
+            w = int8_codes_f32(qf, qb + j * R + c)
+            a = fma(w, splat(xp[t, o + j]), a)
+            b = fma(w, splat(xp[t + 1, o + j]), b)
+            e = fma(w, splat(xp[t + 2, o + j]), e)
+    return a, b, e
+
+
 @njit(parallel=True, **JIT_OPTIONS)
 def rows(qs, d, m, xp, xs, y):
     """Q4 (``m`` its minimums) or Q8 (``m`` None) times ``(xp, xs) = inputs(x)`` for
     ``x`` float32 [T, K] (T = 1 to 3) -> ``y`` [T, G*LANES].
 
     Parallel over row groups. A group's blocks (``nb * 16 * LANES`` bytes for Q4: 18 KiB
-    for K = 576 at 64 lanes) are read from memory once, by the first input row, and
-    from L1/L2 by the others; each row converts the codes as it multiplies. At T = 1
-    this is the decode's matrix-vector product.
+    for K = 576 at 64 lanes) are read from memory once; the codes are converted in
+    registers and each conversion feeds all T input rows (:func:`_block_dot`,
+    :func:`_block_dot2`, :func:`_block_dot3`). At T = 1 this is the decode's
+    matrix-vector product; at 2 and 3, a few decodes or a verify step with one or two
+    drafts (one pass over SmolLM2's matrices at 2 and 3 rows took 1.6x and 2.2x one
+    row's time with each row converting the codes again, 1.2x and 1.4x sharing them:
+    ``benchmarks/quant_kernels_avx2.md``).
     """
     G, nb, J, R = qs.shape
     T, N = xp.shape[0], y.shape[1]
+    if T > 3:
+        raise ShapeError("x: rows takes 1 to 3 input rows")
     q4 = m is not None
     qf, df = qs.reshape(qs.size), d.reshape(d.size)
     mf = m.reshape(m.size) if q4 else df
@@ -159,15 +217,27 @@ def rows(qs, d, m, xp, xs, y):
     for g in prange(G):
         acc = np.zeros(T * R, np.float32)
         for b in range(nb):
-            qb, so = (g * nb + b) * J * R, (g * nb + b) * R
-            for t in range(T):
+            qb, so, o = (g * nb + b) * J * R, (g * nb + b) * R, b * 32
+            if T == 1:
                 for c in range(0, R, 64):
-                    s0, s1, s2, s3 = _block_dot(qf, qb, R, c, xp, t, b * 32, q4)
-                    o = t * R + c
-                    _scale_into(acc, o, s0, df, mf, so + c, xs, t, b, q4)
-                    _scale_into(acc, o + 16, s1, df, mf, so + c + 16, xs, t, b, q4)
-                    _scale_into(acc, o + 32, s2, df, mf, so + c + 32, xs, t, b, q4)
-                    _scale_into(acc, o + 48, s3, df, mf, so + c + 48, xs, t, b, q4)
+                    s0, s1, s2, s3 = _block_dot(qf, qb, R, c, xp, 0, o, q4)
+                    _scale_into(acc, c, s0, df, mf, so + c, xs, 0, b, q4)
+                    _scale_into(acc, c + 16, s1, df, mf, so + c + 16, xs, 0, b, q4)
+                    _scale_into(acc, c + 32, s2, df, mf, so + c + 32, xs, 0, b, q4)
+                    _scale_into(acc, c + 48, s3, df, mf, so + c + 48, xs, 0, b, q4)
+            elif T == 2:
+                for c in range(0, R, 32):
+                    a0, a1, b0, b1 = _block_dot2(qf, qb, R, c, xp, 0, o, q4)
+                    _scale_into(acc, c, a0, df, mf, so + c, xs, 0, b, q4)
+                    _scale_into(acc, c + 16, a1, df, mf, so + c + 16, xs, 0, b, q4)
+                    _scale_into(acc, R + c, b0, df, mf, so + c, xs, 1, b, q4)
+                    _scale_into(acc, R + c + 16, b1, df, mf, so + c + 16, xs, 1, b, q4)
+            else:
+                for c in range(0, R, 16):
+                    r0, r1, r2 = _block_dot3(qf, qb, R, c, xp, 0, o, q4)
+                    _scale_into(acc, c, r0, df, mf, so + c, xs, 0, b, q4)
+                    _scale_into(acc, R + c, r1, df, mf, so + c, xs, 1, b, q4)
+                    _scale_into(acc, 2 * R + c, r2, df, mf, so + c, xs, 2, b, q4)
         for t in range(T):
             yf[t * N + g * R:t * N + (g + 1) * R] = acc[t * R:(t + 1) * R]
 
