@@ -95,8 +95,8 @@ def propose_reference(token_ids: list, k: int, n_max: int, n_min: int) -> list[i
 #: one-row one on the file's blocks with float32 inputs (each row does its own
 #: multiply-adds, and on 2 cores that is as slow as the weights' read) and 2.0x
 #: with int8 inputs (``quantization="gguf_a8"``); on an AVX2-only machine, whose
-#: one-row step waits longer on memory, 2.4-2.8x and 1.9-2.1x
-#: (benchmarks/spec_decode_avx2.md, two runs). So a request keeps drafting only while its
+#: one-row step waits longer on memory, 2.4-2.8x and 1.9-2.3x
+#: (benchmarks/spec_decode_avx2.md, three runs). So a request keeps drafting only while its
 #: drafting steps emit at least this many tokens on average (between the two
 #: break-evens): a rule on tokens per step, not on the acceptance rate, since one
 #: draft proposed and accepted is a rate of 1.0 and still a loss.
