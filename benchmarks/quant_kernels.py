@@ -6,14 +6,17 @@ Writes ``benchmarks/quant_kernels.md``. For each input row count T (1-3: the
 ``rows`` kernel; from 4: ``batch``) it times one pass over the 30 layers'
 four fused projections and the tied LM head, held as the file's blocks
 (Q4_1 projections, Q8_0 head) and as float32 (BLAS), alternating, and
-reports the best pass of ``--rounds``. Three ablations beside them:
+reports the best pass of ``--rounds``. Four ablations beside them:
 ``rows`` as it was before its rows shared each conversion
 (:func:`per_row_rows`: every input row converts the codes again), run at
 every T (why ``batch`` takes over at 4, and what sharing saves at 2-3); the batch kernel
 as it was before every row got the bits of a one-row product
 (:func:`dequantized_tile_batch`: each block dequantized to ``d q + m`` in the
 tile, the sums carried across blocks, no scale per block: fewer operations,
-another rounding); and every matrix repacked with 64 lanes, where the
+another rounding); ``batch`` with each thread taking whole groups of output rows
+(:func:`whole_groups`, as before the threads shared a group's strips: SmolLM2's 576-row
+matrices have 9 groups, 5 for one thread and 4 for the other); and every matrix
+repacked with 64 lanes, where the
 package gives 128 to those whose row count allows it (the kernels take the
 lane count from the array's shape). ``--out`` names the table (default
 ``benchmarks/quant_kernels.md``).
@@ -213,6 +216,18 @@ def dequantized_tile(x, qm):
     return y[:, :qm.shape[1]]
 
 
+def whole_groups(x, qm):
+    """``x @ qm`` with ``batch``'s threads taking whole groups of output rows (as before
+    they shared the strips of a group): ``threads`` = the group count makes one part per
+    group, and Numba deals the parts out to its threads."""
+    if x.shape[0] <= FEW_ROWS:
+        return x @ qm
+    y = np.empty((x.shape[0], qm.qs.shape[0] * qm.qs.shape[3]), np.float32)
+    xp, xs = K.inputs(x, qm.m is not None)
+    K.batch(qm.qs, qm.d, qm.m, xp, xs, y, qm.qs.shape[0])
+    return y[:, :qm.shape[1]]
+
+
 def with_lanes(qm: QuantMatrix, lanes: int) -> QuantMatrix:
     """The same weights regrouped ``lanes`` output rows per group (128 or 64 -> 64)."""
     G, nb, j, R = qm.qs.shape
@@ -244,9 +259,11 @@ def main(argv=None) -> int:
     sets = {"quantized": proj + [head],
             "codes per row": proj + [head],
             "dequantized tile": proj + [head],
+            "whole groups": proj + [head],
             "64 lanes everywhere": [with_lanes(m, 64) for m in proj] + [with_lanes(head, 64)],
             "float32": [np.asarray(m) for m in proj] + [np.asarray(head)]}
-    how = {"codes per row": codes_per_row, "dequantized tile": dequantized_tile}
+    how = {"codes per row": codes_per_row, "dequantized tile": dequantized_tile,
+           "whole groups": whole_groups}
     nbytes = {k: sum(m.nbytes for m in v) for k, v in sets.items()}
     rng = np.random.default_rng(0)
     out = Path(args.out)
@@ -265,9 +282,9 @@ def main(argv=None) -> int:
              f"{nbytes['float32'] / 2**20:.0f} MiB float32); best of "
              f"{args.rounds} alternating rounds.", "",
              "| rows T | kernel | quantized ms | float32 ms | float32 / quantized | "
-             "codes per row ms | dequantized tile ms | 64 lanes everywhere ms | "
-             "quantized GB/s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "codes per row ms | dequantized tile ms | whole groups ms | "
+             "64 lanes everywhere ms | quantized GB/s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     with pinned_threads(args.threads):
         for T in args.rows:
             xs = {k: rng.standard_normal((T, k), dtype=np.float32) for k in (576, 1536)}
@@ -291,6 +308,7 @@ def main(argv=None) -> int:
             lines.append(f"| {T} | {kernel} | {1e3 * q:.1f} | {1e3 * f:.1f} | {f / q:.2f}x | "
                          f"{1e3 * best['codes per row']:.1f} | "
                          f"{1e3 * best['dequantized tile']:.1f} | "
+                         f"{1e3 * best['whole groups']:.1f} | "
                          f"{1e3 * best['64 lanes everywhere']:.1f} | "
                          f"{nbytes['quantized'] / q / 1e9:.1f} |")
             print(lines[-1], flush=True)

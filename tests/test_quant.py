@@ -131,10 +131,15 @@ def test_every_row_gets_the_bits_of_a_one_row_product(fmt, rows):
             n = K.pass_rows(left)
             assert 3 <= n <= min(left, 5), (size, left, n)
             left -= n
+    xp, xs = K.inputs(x[:9], fmt != "Q8_0")               # any cut of the lanes between
+    for threads in (1, 2, 3, 7, 1000):                      # threads: the same bits
+        y = np.empty((9, qm.qs.shape[0] * qm.qs.shape[3]), np.float32)
+        K.batch(qm.qs, qm.d, qm.m, xp, xs, y, threads)
+        np.testing.assert_array_equal(y[:, :rows], alone[:9], err_msg=f"threads={threads}")
     xp, xs = K.inputs(x[:3], fmt != "Q8_0")
     with pytest.raises(pnp.ShapeError, match="at least 4"):        # its passes need 3+ rows
         K.batch(qm.qs, qm.d, qm.m, xp, xs, np.empty((3, qm.qs.shape[0] * qm.qs.shape[3]),
-                                                     np.float32))
+                                                     np.float32), 2)
     xp, xs = K.inputs(x[:4], fmt != "Q8_0")
     with pytest.raises(pnp.ShapeError, match="1 to 3"):            # it would drop the 4th
         K.rows(qm.qs, qm.d, qm.m, xp, xs, np.empty((4, qm.qs.shape[0] * qm.qs.shape[3]),
@@ -156,7 +161,7 @@ def test_codes_tile_and_inputs_pair_each_code_with_its_input(fmt, rows):
     wf = np.empty(32 * R, np.float32)
     for g in range(G):
         for b in range(nb):
-            K.codes_tile(qm.qs.reshape(-1), (g * nb + b) * J * R, R, fmt != "Q8_0", wf)
+            K.codes_tile(qm.qs.reshape(-1), (g * nb + b) * J * R, R, fmt != "Q8_0", wf, 0, R)
             codes = q[g * R:(g + 1) * R, b].T                              # [32, R]
             if fmt != "Q8_0":                                  # lo_j, lo_j + 16 hi_j = byte
                 codes = np.stack([codes[:16], codes[:16] + 16 * codes[16:]], 1).reshape(32, R)

@@ -36,7 +36,8 @@ Kernels (all take checked, contiguous arrays; :mod:`.matrix` validates):
   from memory once per call, and each code converted in registers feeds all
   the rows;
 - ``batch``: 4 or more rows (a batch of decodes, a speculative verify
-  step, prefill), parallel over row groups: each block's codes are converted
+  step, prefill), parallel over strips of 16 output lanes (a group may be split
+  between two threads, so 9 groups still share 2 threads evenly): each block's codes are converted
   once into a float32 tile ``[32, LANES]`` in L1 and multiplied into up to
   ``BATCH`` rows, 3-5 rows x 16 output rows per pass with the sums in
   registers (:func:`pass_rows`);
@@ -243,19 +244,19 @@ def rows(qs, d, m, xp, xs, y):
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def codes_tile(qf, qb, R, q4, wf):
-    """A block's codes as float32 ``wf`` (flat [32, R]), row ``j`` the factor of
-    ``xp[:, 32 b + j]``: Q4's low code and whole byte of byte row ``j`` in rows 2j and
-    2j + 1, Q8's code ``j`` in row ``j``."""
+def codes_tile(qf, qb, R, q4, wf, c_lo, c_hi):
+    """Lanes ``c_lo:c_hi`` of a block's codes as float32 ``wf`` (flat [32, R]), row ``j``
+    the factor of ``xp[:, 32 b + j]``: Q4's low code and whole byte of byte row ``j`` in
+    rows 2j and 2j + 1, Q8's code ``j`` in row ``j``."""
     if q4:
         for j in range(16):
-            for c in range(0, R, 16):
+            for c in range(c_lo, c_hi, 16):
                 p = qb + j * R + c
                 store_f32(wf, 2 * j * R + c, low_codes_f32(qf, p))
                 store_f32(wf, (2 * j + 1) * R + c, byte_codes_f32(qf, p))
     else:
         for j in range(32):
-            for c in range(0, R, 16):
+            for c in range(c_lo, c_hi, 16):
                 store_f32(wf, j * R + c, int8_codes_f32(qf, qb + j * R + c))
 
 
@@ -324,7 +325,7 @@ def pass_rows(left: int) -> int:
 
 
 @njit(parallel=True, **JIT_OPTIONS)
-def batch(qs, d, m, xp, xs, y):
+def batch(qs, d, m, xp, xs, y, threads):
     """:func:`rows` for T >= 4 input rows: ``(xp, xs) = inputs(x)`` -> ``y`` [T, G*LANES].
 
     Each block's codes are converted to float32 once into a tile ``[32, LANES]`` (8 KiB at
@@ -332,6 +333,11 @@ def batch(qs, d, m, xp, xs, y):
     near-equal sizes (17 rows: 9 + 8) so that every chunk splits into passes of 3-5
     (:func:`pass_rows`); their accumulators ``acc`` [BATCH, LANES] stay in L1 too.
     Numba compiles one version per format (``m is None`` is decided when it compiles).
+
+    ``threads`` (``numba.get_num_threads()``, passed in: read inside, it would keep Numba
+    from caching the kernel): the parts the output lanes are cut into, in strips of 16
+    lanes, so a group's lanes may be split between two threads. A lane's arithmetic
+    does not depend on its neighbours, so any cut gives the same bits.
     """
     G, nb, J, R = qs.shape
     T, N = xp.shape[0], y.shape[1]
@@ -342,28 +348,40 @@ def batch(qs, d, m, xp, xs, y):
     mf = m.reshape(m.size) if q4 else df
     yf = y.reshape(y.size)
     chunks = -(-T // BATCH)
-    for g in prange(G):
+    # The threads share the output lanes in strips of 16, not whole groups: SmolLM2's
+    # 576-row matrices have 9 groups of 64 lanes, 5 for one thread and 4 for the other.
+    strips = R // 16                                             # per group
+    parts = max(1, min(threads, G * strips))
+    for part in prange(parts):
         wf = np.empty(32 * R, np.float32)
         acc = np.empty(BATCH * R, np.float32)
-        for k in range(chunks):
-            t0, t1 = k * T // chunks, (k + 1) * T // chunks
-            acc[:] = 0.0
-            for b in range(nb):
-                qb, so = (g * nb + b) * J * R, (g * nb + b) * R
-                codes_tile(qf, qb, R, q4, wf)
-                t = t0
-                while t < t1:
-                    n = pass_rows(t1 - t)
-                    for c in range(0, R, 16):
-                        if n == 5:
-                            _pass5(wf, R, xp, b * 32, acc, t - t0, t, c, df, mf, so + c, xs, b, q4)
-                        elif n == 4:
-                            _pass4(wf, R, xp, b * 32, acc, t - t0, t, c, df, mf, so + c, xs, b, q4)
-                        else:
-                            _pass3(wf, R, xp, b * 32, acc, t - t0, t, c, df, mf, so + c, xs, b, q4)
-                    t += n
-            for t in range(t0, t1):
-                yf[t * N + g * R:t * N + (g + 1) * R] = acc[(t - t0) * R:(t - t0 + 1) * R]
+        s_lo, s_hi = part * G * strips // parts, (part + 1) * G * strips // parts
+        for g in range(s_lo // strips, (s_hi - 1) // strips + 1):
+            c_lo = (max(s_lo, g * strips) - g * strips) * 16     # this part's lanes of g
+            c_hi = (min(s_hi, (g + 1) * strips) - g * strips) * 16
+            for k in range(chunks):
+                t0, t1 = k * T // chunks, (k + 1) * T // chunks
+                acc[:] = 0.0
+                for b in range(nb):
+                    qb, so = (g * nb + b) * J * R, (g * nb + b) * R
+                    codes_tile(qf, qb, R, q4, wf, c_lo, c_hi)
+                    t = t0
+                    while t < t1:
+                        n = pass_rows(t1 - t)
+                        for c in range(c_lo, c_hi, 16):
+                            if n == 5:
+                                _pass5(wf, R, xp, b * 32, acc, t - t0, t, c, df, mf, so + c,
+                                       xs, b, q4)
+                            elif n == 4:
+                                _pass4(wf, R, xp, b * 32, acc, t - t0, t, c, df, mf, so + c,
+                                       xs, b, q4)
+                            else:
+                                _pass3(wf, R, xp, b * 32, acc, t - t0, t, c, df, mf, so + c,
+                                       xs, b, q4)
+                        t += n
+                for t in range(t0, t1):
+                    o, a = t * N + g * R, (t - t0) * R
+                    yf[o + c_lo:o + c_hi] = acc[a + c_lo:a + c_hi]
 
 
 @njit(**JIT_OPTIONS)

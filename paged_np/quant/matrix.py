@@ -47,6 +47,7 @@ multiplied by BLAS (same interface).
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from ..errors import DTypeError, IndexOutOfRange, ShapeError
@@ -212,8 +213,10 @@ class QuantMatrix:
             return y if y.shape[1] == out else np.ascontiguousarray(y[:, :out])
         y = np.empty((T, self.qs.shape[0] * self.qs.shape[3]), np.float32)  # padded rows
         xp, xs = K.inputs(x, self.m is not None)
-        kernel = K.batch if T > FEW_ROWS else K.rows
-        serial(kernel)(self.qs, self.d, self.m, xp, xs, y)       # m is None for Q8
+        if T > FEW_ROWS:                                         # m is None for Q8
+            serial(K.batch)(self.qs, self.d, self.m, xp, xs, y, numba.get_num_threads())
+        else:
+            serial(K.rows)(self.qs, self.d, self.m, xp, xs, y)
         return y if y.shape[1] == out else np.ascontiguousarray(y[:, :out])
 
     def __getitem__(self, ids) -> np.ndarray:
