@@ -11,7 +11,7 @@ calling thread. The parent keeps its threads; only the child runs on one core.
 
 Usage, where a parallel kernel is called::
 
-    serial(kernels.batch)(qs, d, m, xp, xs, y)    # kernels.batch itself, unless forked
+    serial(kernels.rows)(qs, d, m, xp, xs, y)     # kernels.rows itself, unless forked
 """
 
 from __future__ import annotations

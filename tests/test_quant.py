@@ -235,3 +235,30 @@ def test_refused_inputs_get_named_errors(fmt):
 def test_empty_input_gives_an_empty_result():
     qm = QuantMatrix.from_float(np.ones((32, 5), np.float32))
     assert (np.zeros((0, 32), np.float32) @ qm).shape == (0, 5)
+
+
+def test_the_float_words_compute_alike_jitted_and_in_python():
+    # simd's float32 words have NumPy twins (so kernels written with them run under
+    # NUMBA_DISABLE_JIT): jitted, they must give the same bits as the twins.
+    from numba import njit
+
+    from paged_np.quant import simd
+
+    def words(a, b, out):
+        va, vb = simd.load_f32(a, 0), simd.load_f32(b, 16)
+        simd.store_f32(out, 0, simd.add(va, vb))
+        simd.store_f32(out, 16, simd.maximum(va, vb))
+        simd.store_f32(out, 32, simd.add(simd.zeros_f32(), simd.splat(a[3])))
+        return simd.lane(simd.maximum(va, vb), 5)
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(32).astype(np.float32)
+    b = rng.standard_normal(32).astype(np.float32)
+    b[16:20] = a[:4]                                             # ties for maximum
+    jit_out, py_out = np.empty(48, np.float32), np.empty(48, np.float32)
+    jit_lane, py_lane = njit(words)(a, b, jit_out), words(a, b, py_out)
+    np.testing.assert_array_equal(jit_out, py_out)
+    np.testing.assert_array_equal(py_out[:16], a[:16] + b[16:])
+    np.testing.assert_array_equal(py_out[16:32], np.maximum(a[:16], b[16:]))
+    np.testing.assert_array_equal(py_out[32:], np.full(16, a[3]))
+    assert jit_lane == py_lane == max(a[5], b[21])

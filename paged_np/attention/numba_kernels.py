@@ -46,7 +46,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from ..config import JIT_OPTIONS
-from ..quant.simd import HAS_AVX512
+from ..quant.simd import HAS_AVX512, add, lane, load_f32, maximum, splat, store_f32, zeros_f32
 from .numba_widen import to_f32
 
 #: Running max of a row that has seen no key yet (finite: fastmath forbids inf).
@@ -248,11 +248,12 @@ def mask_scores(s, row_pos, n_rows, key_pos0, n_keys, window):
     Causal: a key after the row's query position is masked. Sliding window:
     keys at or before ``row_pos - window`` are masked too.
     """
-    for r in range(n_rows):
+    for r in range(n_rows):  # each is one run of columns or two: no test per score
         p = row_pos[r]
-        for t in range(n_keys):
-            j = key_pos0 + t
-            if j > p or (window > 0 and j <= p - window):
+        for t in range(max(0, p + 1 - key_pos0), n_keys):  # after the row's position
+            s[r, t] = MASKED
+        if window > 0:
+            for t in range(min(n_keys, p - window + 1 - key_pos0)):  # at or before p - window
                 s[r, t] = MASKED
 
 
@@ -282,12 +283,14 @@ def _lane_sum(s, r, n16, lanes):
     """``sum(s[r, :n16])`` as :data:`LANES` running sums (key ``t`` in lane ``t % 16``),
     then the lanes in order. Keys past a row's last visible one weigh exactly 0 and come
     last, so they add nothing to any lane: a decode row and the same row in a verify
-    step, which sees more (masked) keys, get the same bits."""
-    for i in range(LANES):
-        lanes[i] = 0.0
+    step, which sees more (masked) keys, get the same bits. The running sums are one
+    16-lane vector (:mod:`paged_np.quant.simd`'s exact ``add``): as a loop over a
+    scratch array, LLVM stored and reloaded them at every step (3x slower)."""
+    row = r * s.shape[1]                                         # s is C-contiguous
+    acc = zeros_f32()
     for t0 in range(0, n16, LANES):
-        for i in range(LANES):
-            lanes[i] += s[r, t0 + i]
+        acc = add(acc, load_f32(s, row + t0))
+    store_f32(lanes, 0, acc)
     total = np.float32(0.0)
     for i in range(LANES):
         total += lanes[i]
@@ -296,12 +299,16 @@ def _lane_sum(s, r, n16, lanes):
 
 @njit(**JIT_OPTIONS)
 def block_max(s, m, n_rows, n16, m_new):
-    """``m_new[r] = max(m[r], max(s[r, :n16]))``. A maximum is exact in any order, so
-    this loop keeps full fast-math (vectorised); only the sums forbid regrouping."""
+    """``m_new[r] = max(m[r], max(s[r, :n16]))``, 16 lanes at a time. A maximum is exact
+    in any order (only the sums forbid regrouping); as a plain loop LLVM kept it scalar."""
+    W = s.shape[1]                                               # s is C-contiguous
     for r in range(n_rows):
+        v = splat(m[r])
+        for t0 in range(0, n16, LANES):
+            v = maximum(v, load_f32(s, r * W + t0))
         x = m[r]
-        for t in range(n16):
-            x = max(x, s[r, t])
+        for i in range(LANES):
+            x = max(x, lane(v, i))
         m_new[r] = x
 
 

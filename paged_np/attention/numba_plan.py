@@ -141,9 +141,9 @@ def choose_verify_tile(n_q_max: int, n_items: int, num_threads: int, max_tile: i
     item still has rows to spare, enough for :data:`TILE_ITEMS_PER_THREAD` items a thread.
 
     SmolLM2-135M's verify step (9 queries, 3 kv heads, context 300) on 2 of Numba's
-    threads: tiles of 5 queries (6 items) took 70 us a layer, one tile per kv head (3
-    items: one thread takes two) 76 us, tiles of 1 query 127 us (each item re-reads the
-    keys), one thread 116 us (``python benchmarks/attention_dispatch.py``).
+    threads, AVX2-only EPYC: tiles of 5 queries (6 items) took 108 us a layer, one tile
+    per kv head (3 items: one thread takes two) 129 us, tiles of 1 query 187 us (each
+    item re-reads the keys), one thread 188 us (``python benchmarks/attention_dispatch.py``).
     """
     tiles = -(-TILE_ITEMS_PER_THREAD * num_threads // max(n_items, 1))  # per sequence
     return max(1, min(max_tile, -(-n_q_max // tiles)))

@@ -21,7 +21,7 @@ Types (each one SIMD register of 512 bits; two of 256 on AVX2 machines)::
     I32x16   16 int32 lanes: integer accumulators
     F32x16   16 float32 lanes: scaled results
 
-Functions (indices are flat element indices into a 1-D C-contiguous array,
+Functions (indices are flat element indices into a C-contiguous array,
 checked by the caller: there is no bounds check in here)::
 
     load_u8x64(a, i)        a[i:i+64] as U8x64
@@ -35,7 +35,9 @@ checked by the caller: there is no bounds check in here)::
     low_codes_f32(a, i)     the 16 bytes a[i:i+16] as float32: & 15 (Q4's low codes),
     byte_codes_f32(a, i)    unsigned (Q4's bytes), int8_codes_f32(a, i): signed (Q8's)
     splat(x)                one float32 in all 16 lanes
-    mul(a, b), fma(a, b, c) a * b;  a * b + c (rounded once)
+    add(a, b), mul(a, b)    a + b, a * b;  maximum(a, b): the larger, lane by lane
+    lane(v, i)              lane i of v, a float32
+    fma(a, b, c)            a * b + c (rounded once)
 
 ``dot4`` compiles to ``vpdpbusd`` where the CPU has AVX-512 VNNI
 (:data:`HAS_VNNI`); else, on AVX2 (:data:`HAS_AVX2`), to AVX2's byte-pair
@@ -44,7 +46,7 @@ sum saturates; else to the same arithmetic in plain vector IR (widen,
 multiply, add the four). The same integers every way, in fewer or more
 instructions: on an AVX2-only EPYC the plain IR made the int8 products 2.7x
 (one row) to 7x (nine rows) slower than the AVX2 lowering
-(``benchmarks/spec_decode_avx2.md``). ``mul`` and ``fma`` are exact IEEE operations
+(``benchmarks/spec_decode_avx2.md``). ``add``, ``mul`` and ``fma`` are exact IEEE operations
 (no fast-math flags): a kernel written with them computes the same bits
 whatever the number of rows, the property speculative decoding leans on.
 """
@@ -52,10 +54,11 @@ whatever the number of rows, the property speculative decoding leans on.
 from __future__ import annotations
 
 import llvmlite.binding as llb
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import config
-from numba.core.extending import intrinsic, models, register_model
+from numba.core.extending import intrinsic, models, overload, register_model
 
 LANES = 16
 
@@ -133,14 +136,14 @@ def load_u8x64(typingctx, a, i):
 
 
 @intrinsic
-def load_f32(typingctx, a, i):
+def _load_f32(typingctx, a, i):
     def codegen(context, builder, sig, args):
         return builder.load(_address(context, builder, sig.args[0], *args, V_F32), align=4)
     return F32x16(a, i), codegen
 
 
 @intrinsic
-def store_f32(typingctx, a, i, v):
+def _store_f32(typingctx, a, i, v):
     def codegen(context, builder, sig, args):
         builder.store(args[2], _address(context, builder, sig.args[0], args[0], args[1], V_F32),
                       align=4)
@@ -281,7 +284,7 @@ dot4_nibbles_avx2 = _make_dot4(_avx2(True))
 
 # ------------------------------------------------------------------ floats
 @intrinsic
-def zeros_f32(typingctx):
+def _zeros_f32(typingctx):
     def codegen(context, builder, sig, args):
         return ir.Constant(V_F32, [0.0] * LANES)
     return F32x16(), codegen
@@ -295,7 +298,7 @@ def to_f32(typingctx, v):
 
 
 @intrinsic
-def splat(typingctx, x):
+def _splat_f32(typingctx, x):
     if not isinstance(x, types.Float):
         return None
 
@@ -304,6 +307,29 @@ def splat(typingctx, x):
                                                                              ir.FloatType())
         return _splat(builder, value, V_F32)
     return F32x16(x), codegen
+
+
+@intrinsic
+def _add(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.fadd(*args)
+    return F32x16(a, b), codegen
+
+
+@intrinsic
+def _lane(typingctx, v, i):
+    """Lane ``i`` of a float32 vector, as a float32."""
+    def codegen(context, builder, sig, args):
+        return builder.extract_element(args[0], builder.trunc(args[1], _I32))
+    return types.float32(v, i), codegen
+
+
+@intrinsic
+def _maximum(typingctx, a, b):
+    """Lane by lane the larger (``b`` where ``a`` is not greater): exact, in any order."""
+    def codegen(context, builder, sig, args):
+        return builder.select(builder.fcmp_ordered(">", *args), *args)
+    return F32x16(a, b), codegen
 
 
 @intrinsic
@@ -319,3 +345,78 @@ def fma(typingctx, a, b, c):
         fn = _function(builder, "llvm.fma.v16f32", V_F32, [V_F32, V_F32, V_F32])
         return builder.call(fn, list(args))
     return F32x16(a, b, c), codegen
+
+
+# ------------------------------------------------- the float words in plain Python
+# The float32 words above have twins in NumPy (a vector is a float32 array of 16), which
+# jitted code never calls: ``overload`` points it to the intrinsic. So a kernel written
+# with them still runs, slowly, under ``NUMBA_DISABLE_JIT=1``, where intrinsics cannot
+# be called (the attention kernels are tested that way).
+
+
+def load_f32(a, i):
+    """``a``'s flat elements ``i:i+16``."""
+    return a.reshape(-1)[i:i + LANES].astype(np.float32)
+
+
+def store_f32(a, i, v):
+    """``a``'s flat elements ``i:i+16`` = ``v``."""
+    a.reshape(-1)[i:i + LANES] = v
+
+
+def zeros_f32():
+    return np.zeros(LANES, np.float32)
+
+
+def splat(x):
+    """``x`` (a float) in all 16 lanes."""
+    return np.full(LANES, x, np.float32)
+
+
+def add(a, b):
+    return (a + b).astype(np.float32)
+
+
+def maximum(a, b):
+    """Lane by lane the larger (``b`` where ``a`` is not greater)."""
+    return np.where(a > b, a, b)
+
+
+def lane(v, i):
+    """Lane ``i`` of ``v``, a float32."""
+    return np.float32(v[i])
+
+
+@overload(load_f32)
+def _load_f32_jit(a, i):
+    return lambda a, i: _load_f32(a, i)
+
+
+@overload(store_f32)
+def _store_f32_jit(a, i, v):
+    return lambda a, i, v: _store_f32(a, i, v)
+
+
+@overload(zeros_f32)
+def _zeros_f32_jit():
+    return lambda: _zeros_f32()
+
+
+@overload(splat)
+def _splat_jit(x):
+    return lambda x: _splat_f32(x)
+
+
+@overload(add)
+def _add_jit(a, b):
+    return lambda a, b: _add(a, b)
+
+
+@overload(maximum)
+def _maximum_jit(a, b):
+    return lambda a, b: _maximum(a, b)
+
+
+@overload(lane)
+def _lane_jit(v, i):
+    return lambda v, i: _lane(v, i)
