@@ -103,7 +103,10 @@ def test_eval_repeats_every_run_on_each_weight_format(tmp_path):
     assert q_ref["kl_mean"] < 1e-6 and q_ref["top1"] == 1.0
     # 8-bit pages round each K/V value to a code: the 1e-7 that another summation order
     # moves a value flips the codes that sat on a rounding boundary, so the two int8 runs
-    # are not equal; what int8 costs must agree on both weight formats within half of it.
+    # are not equal. Over 64 tokens those flips move int8's cost by a third either way
+    # (0.83-1.37% measured on the two formats as the SiLU's division changed its last
+    # bit), so what int8 costs must agree on both weight formats within a factor of 2:
+    # a run that lost its KV dtype costs 0, one that broke costs 10x.
     cost = int8["perplexity"] / ref["perplexity"] - 1
     q_cost = q_int8["perplexity"] / q_ref["perplexity"] - 1
-    assert cost > 0 and abs(q_cost - cost) < 0.5 * cost
+    assert cost > 0 and 0.5 < q_cost / cost < 2, (cost, q_cost)
