@@ -131,11 +131,11 @@ def test_every_row_gets_the_bits_of_a_one_row_product(fmt, rows):
             n = K.pass_rows(left)
             assert 3 <= n <= min(left, 5), (size, left, n)
             left -= n
-    xp, xs = K.inputs(x[:9], fmt != "Q8_0")               # any cut of the lanes between
-    for threads in (1, 2, 3, 7, 1000):                      # threads: the same bits
+    xp, xs = K.inputs(x[:9], fmt != "Q8_0")               # any cut of the lanes into
+    for parts in (1, 2, 3, 7, 1000):                        # parts: the same bits
         y = np.empty((9, qm.qs.shape[0] * qm.qs.shape[3]), np.float32)
-        K.batch(qm.qs, qm.d, qm.m, xp, xs, y, threads)
-        np.testing.assert_array_equal(y[:, :rows], alone[:9], err_msg=f"threads={threads}")
+        K.batch(qm.qs, qm.d, qm.m, xp, xs, y, parts)
+        np.testing.assert_array_equal(y[:, :rows], alone[:9], err_msg=f"parts={parts}")
     xp, xs = K.inputs(x[:3], fmt != "Q8_0")
     with pytest.raises(pnp.ShapeError, match="at least 4"):        # its passes need 3+ rows
         K.batch(qm.qs, qm.d, qm.m, xp, xs, np.empty((3, qm.qs.shape[0] * qm.qs.shape[3]),

@@ -325,7 +325,7 @@ def pass_rows(left: int) -> int:
 
 
 @njit(parallel=True, **JIT_OPTIONS)
-def batch(qs, d, m, xp, xs, y, threads):
+def batch(qs, d, m, xp, xs, y, parts):
     """:func:`rows` for T >= 4 input rows: ``(xp, xs) = inputs(x)`` -> ``y`` [T, G*LANES].
 
     Each block's codes are converted to float32 once into a tile ``[32, LANES]`` (8 KiB at
@@ -334,10 +334,12 @@ def batch(qs, d, m, xp, xs, y, threads):
     (:func:`pass_rows`); their accumulators ``acc`` [BATCH, LANES] stay in L1 too.
     Numba compiles one version per format (``m is None`` is decided when it compiles).
 
-    ``threads`` (``numba.get_num_threads()``, passed in: read inside, it would keep Numba
-    from caching the kernel): the parts the output lanes are cut into, in strips of 16
-    lanes, so a group's lanes may be split between two threads. A lane's arithmetic
-    does not depend on its neighbours, so any cut gives the same bits.
+    ``parts``: how many near-equal runs of 16-lane strips the output lanes are cut into,
+    one per thread (:mod:`.matrix` passes ``numba.get_num_threads()``; read in here, it
+    would keep Numba from caching the kernel). Whole groups gave SmolLM2's 576-row
+    matrices, 9 groups, 5 to one thread and 4 to the other; four parts a thread, cut
+    inside more groups, measured 2% slower than one. A lane's arithmetic does not depend
+    on its neighbours, so any cut gives the same bits.
     """
     G, nb, J, R = qs.shape
     T, N = xp.shape[0], y.shape[1]
@@ -348,10 +350,8 @@ def batch(qs, d, m, xp, xs, y, threads):
     mf = m.reshape(m.size) if q4 else df
     yf = y.reshape(y.size)
     chunks = -(-T // BATCH)
-    # The threads share the output lanes in strips of 16, not whole groups: SmolLM2's
-    # 576-row matrices have 9 groups of 64 lanes, 5 for one thread and 4 for the other.
     strips = R // 16                                             # per group
-    parts = max(1, min(threads, G * strips))
+    parts = max(1, min(parts, G * strips))
     for part in prange(parts):
         wf = np.empty(32 * R, np.float32)
         acc = np.empty(BATCH * R, np.float32)
