@@ -57,9 +57,13 @@ from .simd import (
     int8_codes_f32,
     load_f32,
     low_codes_f32,
+    mul,
     splat,
     store_f32,
+    sub,
     zeros_f32,
+    zip_high,
+    zip_low,
 )
 
 #: Output rows per group: four 16-lane vectors, or eight (``WIDE_LANES``) for matrices
@@ -90,6 +94,7 @@ def inputs(x, q4):
         return x, np.zeros((T, 0), np.float32)
     xp = np.empty_like(x)
     xs = np.empty((T, K // 32), np.float32)
+    sixteenth = splat(np.float32(0.0625))
     for t in range(T):
         for b in range(K // 32):
             o = b * 32
@@ -97,10 +102,14 @@ def inputs(x, q4):
             for j in range(32):
                 s += x[t, o + j]
             xs[t, b] = s
-            for j in range(16):
-                xh = x[t, o + 16 + j] * np.float32(0.0625)
-                xp[t, o + 2 * j] = x[t, o + j] - xh
-                xp[t, o + 2 * j + 1] = xh
+            # x_h / 16 is exact, so x_l - x_h / 16 is rounded once, as an fma would
+            # round it. Sixteen of each at a time, then interleaved (as one loop of
+            # scalar pairs, this took 2.5x longer at 9 rows).
+            f = t * K + o                                            # flat index of x[t, o]
+            xh = mul(load_f32(x, f + 16), sixteenth)
+            xl = sub(load_f32(x, f), xh)
+            store_f32(xp, f, zip_low(xl, xh))
+            store_f32(xp, f + 16, zip_high(xl, xh))
     return xp, xs
 
 

@@ -35,7 +35,8 @@ checked by the caller: there is no bounds check in here)::
     low_codes_f32(a, i)     the 16 bytes a[i:i+16] as float32: & 15 (Q4's low codes),
     byte_codes_f32(a, i)    unsigned (Q4's bytes), int8_codes_f32(a, i): signed (Q8's)
     splat(x)                one float32 in all 16 lanes
-    add(a, b), mul(a, b)    a + b, a * b;  maximum(a, b): the larger, lane by lane
+    add(a, b), sub(a, b)    a + b, a - b;  mul(a, b): a * b;  maximum(a, b): the larger
+    zip_low(a, b)           a[0], b[0], a[1], b[1], ... a[7], b[7]; zip_high: from lane 8
     lane(v, i)              lane i of v, a float32
     fma(a, b, c)            a * b + c (rounded once)
 
@@ -46,8 +47,8 @@ sum saturates; else to the same arithmetic in plain vector IR (widen,
 multiply, add the four). The same integers every way, in fewer or more
 instructions: on an AVX2-only EPYC the plain IR made the int8 products 2.7x
 (one row) to 7x (nine rows) slower than the AVX2 lowering
-(``benchmarks/spec_decode_avx2.md``). ``add``, ``mul`` and ``fma`` are exact IEEE operations
-(no fast-math flags): a kernel written with them computes the same bits
+(``benchmarks/spec_decode_avx2.md``). ``add``, ``sub``, ``mul`` and ``fma`` are exact
+IEEE operations (no fast-math flags): a kernel written with them computes the same bits
 whatever the number of rows, the property speculative decoding leans on.
 """
 
@@ -314,6 +315,31 @@ def _add(typingctx, a, b):
     def codegen(context, builder, sig, args):
         return builder.fadd(*args)
     return F32x16(a, b), codegen
+
+
+@intrinsic
+def sub(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.fsub(*args)
+    return F32x16(a, b), codegen
+
+
+def _zip(half: int):
+    """An intrinsic: lanes ``8h .. 8h + 7`` of ``a`` and of ``b`` interleaved,
+    ``a[8h], b[8h], a[8h + 1], b[8h + 1], ...`` (``h`` = ``half``)."""
+    order = [i for k in range(8 * half, 8 * half + 8) for i in (k, k + LANES)]
+
+    @intrinsic
+    def zip_half(typingctx, a, b):
+        def codegen(context, builder, sig, args):
+            return builder.shuffle_vector(args[0], args[1],
+                                          ir.Constant(ir.VectorType(_I32, LANES), order))
+        return F32x16(a, b), codegen
+    return zip_half
+
+
+#: ``a[0], b[0], a[1], b[1], ..., a[7], b[7]``;  ``zip_high``: the same from lane 8.
+zip_low, zip_high = _zip(0), _zip(1)
 
 
 @intrinsic
