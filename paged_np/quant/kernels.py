@@ -212,8 +212,8 @@ def rows(qs, d, m, xp, xs, y):
     registers and each conversion feeds all T input rows (:func:`_block_dot`,
     :func:`_block_dot2`, :func:`_block_dot3`). At T = 1 this is the decode's
     matrix-vector product; at 2 and 3, a few decodes or a verify step with one or two
-    drafts (one pass over SmolLM2's matrices at 2 and 3 rows took 1.6x and 2.2x one
-    row's time with each row converting the codes again, 1.2x and 1.4x sharing them:
+    drafts (one pass over SmolLM2's matrices at 2 and 3 rows took 1.7x and 2.3x one
+    row's time with each row converting the codes again, 1.2x and 1.5x sharing them:
     ``benchmarks/quant_kernels_avx2.md``).
     """
     G, nb, J, R = qs.shape
