@@ -30,10 +30,12 @@ from paged_np.engine.sampling import probs
 from paged_np.engine.spec_decode import (
     BACKOFF_STEPS,
     BREAK_EVEN_TOKENS,
+    REJOIN_TOKENS,
     WINDOW,
     DraftBackoff,
     NgramProposer,
     propose_reference,
+    rejoin_reference,
 )
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
@@ -108,6 +110,80 @@ def test_proposer_matches_the_reference_on_random_sequences():
         assert NgramProposer(spec).propose(tokens) == propose_reference(tokens, k, n_max, n_min)
         assert NgramProposer(spec).propose(tokens, 1) == propose_reference(tokens, 1, n_max,
                                                                            n_min)
+
+
+TEXT = [10, 11, 12, 13, 14, 15, 16, 17, 18]                      # the text being copied
+
+
+@pytest.mark.parametrize("output, left_at, drafts", [
+    # The model copied 10 11 12, then wrote 99 where the text has 13 (index 3):
+    ([10, 11, 12, 99], 12, []),                        # 99 is nowhere near: nothing yet
+    ([10, 11, 12, 99, 14], 12, [15, 16, 17]),          # 99 replaced 13: go on after 14
+    ([10, 11, 12, 99, 15], 12, [16, 17, 18]),          # 99 replaced 13 14
+    ([10, 11, 12, 99, 98, 15], 12, [16, 17, 18]),      # 99 98 replaced 13 14
+    ([10, 11, 12, 14], 12, [15, 16, 17]),              # 13 left out
+    ([10, 11, 12, 99, 98, 97, 96, 17], 12, []),        # 5 tokens of its own: too late
+])
+def test_rejoin_finds_where_the_model_takes_up_the_text_again(output, left_at, drafts):
+    spec = pnp.SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_max=4,
+                                 prompt_lookup_min=3)
+    tokens = TEXT + output
+    assert NgramProposer(spec).propose(tokens) == []               # no 3-gram recurs
+    got, source = NgramProposer(spec).rejoin(tokens, left_at, 3)
+    assert got == drafts == rejoin_reference(tokens, left_at, 3, 3)
+    assert source == (-1 if not drafts else TEXT.index(drafts[0]))
+    assert REJOIN_TOKENS == 3
+
+
+def test_rejoin_matches_the_reference_on_random_sequences():
+    rng = np.random.default_rng(1)
+    for _ in range(500):
+        tokens = rng.integers(0, 5, int(rng.integers(2, 30))).tolist()
+        left_at = int(rng.integers(1, len(tokens) + 1))
+        source_at, k = int(rng.integers(-1, left_at + 1)), int(rng.integers(0, 5))
+        spec = pnp.SpeculativeConfig(num_speculative_tokens=4)
+        assert (NgramProposer(spec).rejoin(tokens, left_at, source_at, k)[0]
+                == rejoin_reference(tokens, left_at, source_at, k))
+
+
+def test_a_rejected_ngram_draft_arms_rejoin_once():
+    # record_drafts: after n-gram drafts from index 20 of the context (their original at
+    # 5) of which 2 were accepted, the model's own token is at 22 and the text's at 7. A
+    # rejoin's own rejection, a full acceptance, and a step without drafts disarm it.
+    from types import SimpleNamespace
+
+    engine = pnp.Engine(tiny_model(), speculative_config=SPEC, num_pages=8, page_size=4,
+                        backend="numpy")
+    req = SimpleNamespace(spec_backoff=DraftBackoff(), spec_token_ids=[1, 2, 3, 4],
+                          spec_source=(20, 5, False), spec_rejoin=None)
+    engine.scheduler.record_drafts(req, 4, 2)
+    assert req.spec_rejoin == (22, 7) and req.spec_token_ids == []
+    req.spec_source = (23, 8, True)                                # drafts from rejoin
+    engine.scheduler.record_drafts(req, 4, 1)
+    assert req.spec_rejoin is None
+    req.spec_source = (30, 5, False)
+    engine.scheduler.record_drafts(req, 4, 4)                      # all accepted
+    assert req.spec_rejoin is None
+
+
+def test_greedy_is_unchanged_when_drafts_come_from_rejoin(model, monkeypatch):
+    # prompt_lookup_min=3: right after a rejection no 3-gram recurs, so drafts come from
+    # rejoin; they must be verified like any others.
+    spec = dict(SPEC, prompt_lookup_min=3)
+    found = []
+    real = NgramProposer.rejoin
+
+    def counting(self, *a, **kw):
+        out = real(self, *a, **kw)
+        found.append(bool(out[0]))
+        return out
+
+    monkeypatch.setattr(NgramProposer, "rejoin", counting)
+    prompts = repetitive_prompts(8, seed=3)
+    plain, _ = run(model, prompts)
+    with_spec, metrics = run(model, prompts, spec=spec)
+    assert with_spec == plain
+    assert any(found), "no draft came from rejoin: the test tests nothing"
 
 
 # ---------------------------------------------------------------- configuration

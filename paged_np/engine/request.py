@@ -76,6 +76,12 @@ class Request:
     spec_token_ids: list = field(default_factory=list)
     #: The scheduler's DraftBackoff for this request (None without speculation).
     spec_backoff: object = field(default=None, repr=False)
+    #: Where this step's drafts came from: (index of the first draft in the context,
+    #: index of its original, whether ``NgramProposer.rejoin`` found them).
+    spec_source: tuple = field(default=(0, -1, False), repr=False)
+    #: After an n-gram draft was rejected: (index of the model's own token, index of the
+    #: token of the text it replaced), for ``NgramProposer.rejoin``; else None.
+    spec_rejoin: tuple | None = field(default=None, repr=False)
 
     @property
     def num_tokens(self) -> int:

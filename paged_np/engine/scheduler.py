@@ -122,6 +122,8 @@ class Scheduler:
         unless their pages are there now (they never cause a preemption).
         A request still to fork (``n > 1``) does not draft: its prompt's last
         token comes first. One whose drafts keep failing pauses (:class:`DraftBackoff`).
+        Where no n-gram recurs just after a rejected draft, the drafts may come from
+        where the request rejoins the text it was copying (:meth:`NgramProposer.rejoin`).
         """
         req.spec_token_ids = []
         if req.spec_backoff is None:
@@ -131,18 +133,30 @@ class Scheduler:
                    params.max_tokens - len(req.sample.token_ids) - 1)
         if room < 1 or req.pending_fork or not req.spec_backoff.should_draft():
             return 0
-        drafts = self.proposer.propose(req.token_ids, room)
+        tokens = req.token_ids
+        drafts, source = self.proposer.lookup(tokens, room)
+        rejoined = False
+        if not drafts and req.spec_rejoin is not None:
+            drafts, source = self.proposer.rejoin(tokens, *req.spec_rejoin, room)
+            rejoined = bool(drafts)
         n = 1 + len(drafts)
         if not drafts or n > self._max_new_tokens(req) or not self.cache.can_allocate(
                 req.seq_id, n):
             return 0
         req.spec_token_ids = drafts
+        req.spec_source = (len(tokens), source, rejoined)
         return n
 
     def record_drafts(self, req: Request, num_drafted: int, num_accepted: int) -> None:
-        """The engine's verdict on ``req``'s drafts this step (for its backoff)."""
+        """The engine's verdict on ``req``'s drafts this step (for its backoff, and for
+        :meth:`NgramProposer.rejoin` after an n-gram draft was rejected: once only, a
+        rejoin's own rejection is not followed up)."""
         req.spec_backoff.record(num_drafted, num_accepted)
         req.spec_token_ids = []
+        first, source, rejoined = req.spec_source
+        req.spec_rejoin = None
+        if num_accepted < num_drafted and not rejoined and source >= 0:
+            req.spec_rejoin = (first + num_accepted, source + num_accepted)
 
     # ------------------------------------------------------------------ step
     def schedule(self) -> SchedulerOutput:

@@ -10,6 +10,23 @@ proposes the tokens that followed it::
     context  ... the cat sat on the mat . the cat  ?
     n = 2          ^^^^^^^ earlier occurrence        -> drafts: sat on the mat
 
+A request that departs from the text it copies (it fixes a typo, renames a
+variable) has its drafts rejected there, and for the next ``prompt_lookup_min``
+tokens no n-gram recurs: its last tokens are its own. Often it has already taken
+up the text again a token or two later, so after a rejected draft the proposer
+also looks, for :data:`REJOIN_TOKENS` tokens, for the model's last token just
+past the point where it left the text, and drafts what follows it there
+(:meth:`NgramProposer.rejoin`; the scheduler keeps where the request left,
+``Request.spec_rejoin``)::
+
+    text     ... the council agred to run a trial
+    output   ... the council agreed        (draft "agred" rejected: "agreed" instead)
+             ... the council agreed to     "to" stands just past "agred": -> run a trial
+
+On the benchmark's input-grounded chats this lifted the steps saved from 2.90x to
+3.09x (``benchmarks/spec_decode.py``); open-ended chats, which rarely draft, are
+unchanged. vLLM has no such rule.
+
 The engine then checks all the drafts in one forward pass (1 + k query rows
 for this request, :mod:`paged_np.engine.rejection` decides which to keep),
 so a step can yield up to k + 1 tokens for the price of reading the weights
@@ -19,7 +36,7 @@ tracks its recent acceptance and pauses drafting when it is low
 (:class:`DraftBackoff`).
 
 Compared with vLLM: the same keys and the same "latest occurrence, longest n
-first" rule, found with NumPy instead of a KMP scan in Numba; drafts are
+first" rule, found with NumPy instead of a KMP scan in Numba, plus the rejoin; drafts are
 proposed by the scheduler when it schedules a request (vLLM proposes right
 after sampling, for the next step); no draft models, EAGLE or Medusa, but the
 acceptance function takes a general draft distribution so a draft model can
@@ -35,8 +52,8 @@ import numpy as np
 from ..config import SpeculativeConfig
 from ..errors import DTypeError
 
-__all__ = ["BACKOFF_STEPS", "MAX_BACKOFF_STEPS", "BREAK_EVEN_TOKENS", "WINDOW",
-           "DraftBackoff", "NgramProposer", "propose_reference"]
+__all__ = ["BACKOFF_STEPS", "MAX_BACKOFF_STEPS", "BREAK_EVEN_TOKENS", "REJOIN_TOKENS", "WINDOW",
+           "DraftBackoff", "NgramProposer", "propose_reference", "rejoin_reference"]
 
 
 class NgramProposer:
@@ -60,19 +77,51 @@ class NgramProposer:
         start ``i < len - n`` with ``tokens[i:i+n] == tokens[-n:]``; the drafts
         are ``tokens[i+n : i+n+k]`` (at least one: ``i + n < len``).
         """
+        return self.lookup(token_ids, k)[0]
+
+    def lookup(self, token_ids, k: int | None = None) -> tuple[list[int], int]:
+        """:meth:`propose`'s drafts and where they were copied from: the index in
+        ``token_ids`` of the first one's original (-1 with no drafts)."""
         k = self.k if k is None else k
         tokens = np.asarray(token_ids, dtype=np.int64)             # [L]
         L = tokens.shape[0]
         if k < 1:
-            return []
+            return [], -1
         for n in range(min(self.n_max, L - 1), self.n_min - 1, -1):
             # Every window of n tokens that starts before the suffix itself: [L - n, n].
             windows = np.lib.stride_tricks.sliding_window_view(tokens[:L - 1], n)
             hits = np.flatnonzero((windows == tokens[L - n:]).all(axis=1))  # starts, ascending
             if hits.size:
                 i = int(hits[-1])                                    # the latest occurrence
-                return tokens[i + n:i + n + k].tolist()
-        return []
+                return tokens[i + n:i + n + k].tolist(), i + n
+        return [], -1
+
+    def rejoin(self, token_ids, left_at: int, source_at: int,
+               k: int | None = None) -> tuple[list[int], int]:
+        """Drafts for a request whose drafts were just rejected, where it rejoins the text.
+
+        The model wrote its own token at ``left_at`` where the text it was copying
+        had ``token_ids[source_at]`` (a corrected typo, a renamed variable). Until
+        ``prompt_lookup_min`` tokens of its own are behind it no n-gram recurs, so
+        :meth:`lookup` finds nothing. Here, for the ``j = len - left_at`` tokens it has
+        written since (at most :data:`REJOIN_TOKENS`): if its last token stands in the
+        text near where it left (from ``source_at - 1`` to ``source_at + j + 2``, the
+        nearest to ``source_at + j - 1``, where ``j`` tokens replacing ``j`` would put
+        it), the drafts are what follows it there. ``([], -1)`` otherwise. Like
+        :meth:`lookup`, returns the drafts and the index of the first one's original.
+        """
+        k = self.k if k is None else k
+        tokens = np.asarray(token_ids, dtype=np.int64)             # [L]
+        L = tokens.shape[0]
+        j = L - left_at
+        if k < 1 or not 1 <= j <= REJOIN_TOKENS or not 0 <= source_at < left_at:
+            return [], -1
+        near = np.arange(max(0, source_at - 1), min(L - 1, source_at + j + 3))
+        near = near[tokens[near] == tokens[L - 1]]
+        if not near.size:
+            return [], -1
+        q = int(near[np.argmin(np.abs(near - (source_at + j - 1)))])  # the first if a tie
+        return tokens[q + 1:q + 1 + k].tolist(), q + 1
 
 
 def propose_reference(token_ids: list, k: int, n_max: int, n_min: int) -> list[int]:
@@ -88,6 +137,22 @@ def propose_reference(token_ids: list, k: int, n_max: int, n_min: int) -> list[i
     return []
 
 
+def rejoin_reference(token_ids: list, left_at: int, source_at: int, k: int) -> list[int]:
+    """The rule of :meth:`NgramProposer.rejoin`, as plain loops (for tests)."""
+    L, j = len(token_ids), len(token_ids) - left_at
+    if k < 1 or not 1 <= j <= REJOIN_TOKENS or not 0 <= source_at < left_at:
+        return []
+    best = None
+    for q in range(max(0, source_at - 1), min(L - 1, source_at + j + 3)):
+        if token_ids[q] == token_ids[-1] and (
+                best is None or abs(q - (source_at + j - 1)) < abs(best - (source_at + j - 1))):
+            best = q
+    return [] if best is None else list(token_ids[best + 1:best + 1 + k])
+
+
+#: How many tokens of its own a request may have written since its drafts were rejected
+#: for :meth:`NgramProposer.rejoin` to look for where it rejoins the text it was copying.
+REJOIN_TOKENS = 3
 #: A drafting step costs a forward over 1 + k rows and yields 1 + (accepted
 #: drafts) tokens. In principle the weights are read once either way and the
 #: wider step costs about one decode; measured on SmolLM2 at batch 1
