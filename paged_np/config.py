@@ -32,6 +32,11 @@ BOUNDSCHECK = os.environ.get("PAGED_NP_BOUNDSCHECK", "0") not in ("", "0")
 #: ``fastmath`` lets LLVM reorder float sums (vectorise them); it also assumes
 #: no infinities, so kernels never start a running max at ``-inf``. ``nogil``
 #: lets Python threads (the server's, a user's) call kernels side by side.
+#: ``cache``: compiled code is kept in ``__pycache__`` (``*.nbi``, ``*.nbc``), checked
+#: against the kernel's own file only, so a kernel keeps its cached code when only a
+#: helper it calls from another module changed: after editing such a helper (say
+#: ``attention/numba_kernels.py``), delete those files before timing anything. A fresh
+#: clone has none.
 JIT_OPTIONS = dict(cache=not BOUNDSCHECK, fastmath=True, nogil=True, boundscheck=BOUNDSCHECK)
 
 EVICTION_POLICIES = ("lru", "fifo", "lfu")
