@@ -440,6 +440,9 @@ print(f"paged: {wasted_slots:.0f} slots wasted for {paged['batch_size']:.0f} run
 # context's last n tokens occur (n from `prompt_lookup_max` down to `prompt_lookup_min`),
 # and propose the k tokens that followed it there. A request that copies (repeat this
 # paragraph, fix its typos, rename a variable in this function) is full of such places.
+# (Right after the model departs from the text, say to fix a typo, no n-gram recurs for
+# a few tokens; paged_np then also looks for the model's last token just past where it
+# left the text, and proposes what follows it there: `NgramProposer.rejoin`.)
 #
 # The engine runs the input token and the k drafts as one sequence's 1 + k query rows:
 # `allocate_slots(seq, 1 + k)` takes slots for all of them, possibly a fresh page, and
