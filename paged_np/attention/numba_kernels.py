@@ -285,7 +285,7 @@ def _lane_sum(s, r, n16, lanes):
     last, so they add nothing to any lane: a decode row and the same row in a verify
     step, which sees more (masked) keys, get the same bits. The running sums are one
     16-lane vector (:mod:`paged_np.quant.simd`'s exact ``add``): as a loop over a
-    scratch array, LLVM stored and reloaded them at every step (3x slower)."""
+    scratch array, LLVM stored and reloaded them at every step (5x slower)."""
     row = r * s.shape[1]                                         # s is C-contiguous
     acc = zeros_f32()
     for t0 in range(0, n16, LANES):

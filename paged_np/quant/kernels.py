@@ -37,10 +37,10 @@ Kernels (all take checked, contiguous arrays; :mod:`.matrix` validates):
   the rows;
 - ``batch``: 4 or more rows (a batch of decodes, a speculative verify
   step, prefill), parallel over strips of 16 output lanes (a group may be split
-  between two threads, so 9 groups still share 2 threads evenly): each block's codes are converted
-  once into a float32 tile ``[32, LANES]`` in L1 and multiplied into up to
-  ``BATCH`` rows, 3-5 rows x 16 output rows per pass with the sums in
-  registers (:func:`pass_rows`);
+  between two threads, so 9 groups still share 2 threads evenly): each block's
+  codes are converted once into a float32 tile ``[32, LANES]`` in L1 and
+  multiplied into up to ``BATCH`` rows, 3-5 rows x 16 output rows per pass with
+  the sums in registers (:func:`pass_rows`);
 - ``*_embed``: dequantize whole rows (token embedding lookup).
 """
 
@@ -333,6 +333,24 @@ def pass_rows(left: int) -> int:
     return 3
 
 
+@njit(inline="always", **JIT_OPTIONS)
+def _block_passes(wf, R, xp, accf, t0, t1, c_lo, c_hi, df, mf, so, xs, b, q4):
+    """Block ``b``'s codes tile ``wf`` times input rows ``t0:t1``, output lanes
+    ``c_lo:c_hi``, into ``acc`` (its row ``i`` is input row ``t0 + i``): passes of
+    :func:`pass_rows` rows x 16 lanes."""
+    t = t0
+    while t < t1:
+        n = pass_rows(t1 - t)
+        for c in range(c_lo, c_hi, 16):
+            if n == 5:
+                _pass5(wf, R, xp, b * 32, accf, t - t0, t, c, df, mf, so + c, xs, b, q4)
+            elif n == 4:
+                _pass4(wf, R, xp, b * 32, accf, t - t0, t, c, df, mf, so + c, xs, b, q4)
+            else:
+                _pass3(wf, R, xp, b * 32, accf, t - t0, t, c, df, mf, so + c, xs, b, q4)
+        t += n
+
+
 @njit(parallel=True, **JIT_OPTIONS)
 def batch(qs, d, m, xp, xs, y, parts):
     """:func:`rows` for T >= 4 input rows: ``(xp, xs) = inputs(x)`` -> ``y`` [T, G*LANES].
@@ -374,20 +392,7 @@ def batch(qs, d, m, xp, xs, y, parts):
                 for b in range(nb):
                     qb, so = (g * nb + b) * J * R, (g * nb + b) * R
                     codes_tile(qf, qb, R, q4, wf, c_lo, c_hi)
-                    t = t0
-                    while t < t1:
-                        n = pass_rows(t1 - t)
-                        for c in range(c_lo, c_hi, 16):
-                            if n == 5:
-                                _pass5(wf, R, xp, b * 32, acc, t - t0, t, c, df, mf, so + c,
-                                       xs, b, q4)
-                            elif n == 4:
-                                _pass4(wf, R, xp, b * 32, acc, t - t0, t, c, df, mf, so + c,
-                                       xs, b, q4)
-                            else:
-                                _pass3(wf, R, xp, b * 32, acc, t - t0, t, c, df, mf, so + c,
-                                       xs, b, q4)
-                        t += n
+                    _block_passes(wf, R, xp, acc, t0, t1, c_lo, c_hi, df, mf, so, xs, b, q4)
                 for t in range(t0, t1):
                     o, a = t * N + g * R, (t - t0) * R
                     yf[o + c_lo:o + c_hi] = acc[a + c_lo:a + c_hi]

@@ -310,18 +310,18 @@ def _splat_f32(typingctx, x):
     return F32x16(x), codegen
 
 
-@intrinsic
-def _add(typingctx, a, b):
-    def codegen(context, builder, sig, args):
-        return builder.fadd(*args)
-    return F32x16(a, b), codegen
+def _elementwise(op: str):
+    """An intrinsic: ``a op b`` lane by lane, ``op`` an llvmlite builder method
+    (``fadd``, ``fsub``, ``fmul``): no fast-math flags, so each lane is rounded once."""
+    @intrinsic
+    def elementwise(typingctx, a, b):
+        def codegen(context, builder, sig, args):
+            return getattr(builder, op)(*args)
+        return F32x16(a, b), codegen
+    return elementwise
 
 
-@intrinsic
-def sub(typingctx, a, b):
-    def codegen(context, builder, sig, args):
-        return builder.fsub(*args)
-    return F32x16(a, b), codegen
+_add, sub, mul = _elementwise("fadd"), _elementwise("fsub"), _elementwise("fmul")
 
 
 def _zip(half: int):
@@ -359,13 +359,6 @@ def _maximum(typingctx, a, b):
 
 
 @intrinsic
-def mul(typingctx, a, b):
-    def codegen(context, builder, sig, args):
-        return builder.fmul(*args)
-    return F32x16(a, b), codegen
-
-
-@intrinsic
 def fma(typingctx, a, b, c):
     def codegen(context, builder, sig, args):
         fn = _function(builder, "llvm.fma.v16f32", V_F32, [V_F32, V_F32, V_F32])
@@ -379,70 +372,56 @@ def fma(typingctx, a, b, c):
 # with them still runs, slowly, under ``NUMBA_DISABLE_JIT=1``, where intrinsics cannot
 # be called (the attention kernels are tested that way).
 
+#: For each argument count, the overload that hands the call to an intrinsic ``f``.
+_CALLS = {0: lambda f: lambda: (lambda: f()),
+          1: lambda f: lambda a: (lambda a: f(a)),
+          2: lambda f: lambda a, b: (lambda a, b: f(a, b)),
+          3: lambda f: lambda a, b, c: (lambda a, b, c: f(a, b, c))}
 
+
+def _jitted_as(intr):
+    """Decorator: the function is the NumPy twin; jitted code calling it calls ``intr``."""
+    def register(twin):
+        overload(twin)(_CALLS[twin.__code__.co_argcount](intr))
+        return twin
+    return register
+
+
+@_jitted_as(_load_f32)
 def load_f32(a, i):
     """``a``'s flat elements ``i:i+16``."""
     return a.reshape(-1)[i:i + LANES].astype(np.float32)
 
 
+@_jitted_as(_store_f32)
 def store_f32(a, i, v):
     """``a``'s flat elements ``i:i+16`` = ``v``."""
     a.reshape(-1)[i:i + LANES] = v
 
 
+@_jitted_as(_zeros_f32)
 def zeros_f32():
     return np.zeros(LANES, np.float32)
 
 
+@_jitted_as(_splat_f32)
 def splat(x):
     """``x`` (a float) in all 16 lanes."""
     return np.full(LANES, x, np.float32)
 
 
+@_jitted_as(_add)
 def add(a, b):
     return (a + b).astype(np.float32)
 
 
+@_jitted_as(_maximum)
 def maximum(a, b):
     """Lane by lane the larger (``b`` where ``a`` is not greater)."""
     return np.where(a > b, a, b)
 
 
+@_jitted_as(_lane)
 def lane(v, i):
     """Lane ``i`` of ``v``, a float32."""
     return np.float32(v[i])
-
-
-@overload(load_f32)
-def _load_f32_jit(a, i):
-    return lambda a, i: _load_f32(a, i)
-
-
-@overload(store_f32)
-def _store_f32_jit(a, i, v):
-    return lambda a, i, v: _store_f32(a, i, v)
-
-
-@overload(zeros_f32)
-def _zeros_f32_jit():
-    return lambda: _zeros_f32()
-
-
-@overload(splat)
-def _splat_jit(x):
-    return lambda x: _splat_f32(x)
-
-
-@overload(add)
-def _add_jit(a, b):
-    return lambda a, b: _add(a, b)
-
-
-@overload(maximum)
-def _maximum_jit(a, b):
-    return lambda a, b: _maximum(a, b)
-
-
-@overload(lane)
-def _lane_jit(v, i):
-    return lambda v, i: _lane(v, i)
