@@ -6,7 +6,7 @@ Writes ``benchmarks/quant_kernels.md``. For each input row count T (1-3: the
 ``rows`` kernel; from 4: ``batch``) it times one pass over the 30 layers'
 four fused projections and the tied LM head, held as the file's blocks
 (Q4_1 projections, Q8_0 head) and as float32 (BLAS), alternating, and
-reports the best pass of ``--rounds``. Four ablations beside them:
+reports the best pass of ``--rounds``. Five ablations beside them:
 ``rows`` as it was before its rows shared each conversion
 (:func:`per_row_rows`: every input row converts the codes again), run at
 every T (why ``batch`` takes over at 4, and what sharing saves at 2-3); the batch kernel
@@ -15,7 +15,9 @@ as it was before every row got the bits of a one-row product
 tile, the sums carried across blocks, no scale per block: fewer operations,
 another rounding); ``batch`` with each thread taking whole groups of output rows
 (:func:`whole_groups`, as before the threads shared a group's strips: SmolLM2's 576-row
-matrices have 9 groups, 5 for one thread and 4 for the other); and every matrix
+matrices have 9 groups, 5 for one thread and 4 for the other); ``batch`` with each
+block's codes converted into the tile before its passes and no prefetch
+(:func:`tile_first`, as before the first pass converted them); and every matrix
 repacked with 64 lanes, where the
 package gives 128 to those whose row count allows it (the kernels take the
 lane count from the array's shape). ``--out`` names the table (default
@@ -32,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -199,6 +202,61 @@ def dequantized_tile_batch(qs, d, m, x, y):
 
 
 
+# ---------------------------- the ablation: the codes tile converted before the passes
+@njit(parallel=True, **JIT_OPTIONS)
+def tile_first_batch(qs, d, m, xp, xs, y, parts):
+    """``batch`` as it was before its first pass over a block converted the codes: the
+    whole block converted into the tile first (``K.tile_row`` row after row), then every
+    pass reading it there; no prefetch. The same operations on the same bits."""
+    G, nb, J, R = qs.shape
+    T, N = xp.shape[0], y.shape[1]
+    q4 = m is not None
+    qf, df = qs.reshape(qs.size), d.reshape(d.size)
+    mf = m.reshape(m.size) if q4 else df
+    yf = y.reshape(y.size)
+    chunks = -(-T // K.BATCH)
+    strips = R // 16
+    parts = max(1, min(parts, G * strips))
+    for part in prange(parts):
+        wf = np.empty(32 * R, np.float32)
+        acc = np.empty(K.BATCH * R, np.float32)
+        s_lo, s_hi = part * G * strips // parts, (part + 1) * G * strips // parts
+        for g in range(s_lo // strips, (s_hi - 1) // strips + 1):
+            c_lo = (max(s_lo, g * strips) - g * strips) * 16
+            c_hi = (min(s_hi, (g + 1) * strips) - g * strips) * 16
+            for k in range(chunks):
+                t0, t1 = k * T // chunks, (k + 1) * T // chunks
+                acc[:] = 0.0
+                for b in range(nb):
+                    qb, so = (g * nb + b) * J * R, (g * nb + b) * R
+                    for j in range(J):
+                        for c in range(c_lo, c_hi, 16):
+                            p = qb + j * R + c
+                            if q4:
+                                K.tile_row(qf, p, wf, 2 * j * R + c, True, 0)
+                                K.tile_row(qf, p, wf, (2 * j + 1) * R + c, True, 1)
+                            else:
+                                K.tile_row(qf, p, wf, j * R + c, True, 2)
+                    t = t0
+                    while t < t1:
+                        n = K.pass_rows(t1 - t)
+                        i, o = t - t0, b * 32
+                        for c in range(c_lo, c_hi, 16):
+                            if n == 5:
+                                K._pass5(qf, qb, wf, R, xp, o, acc, i, t, c, df, mf, so + c,
+                                         xs, b, q4, False)
+                            elif n == 4:
+                                K._pass4(qf, qb, wf, R, xp, o, acc, i, t, c, df, mf, so + c,
+                                         xs, b, q4, False)
+                            else:
+                                K._pass3(qf, qb, wf, R, xp, o, acc, i, t, c, df, mf, so + c,
+                                         xs, b, q4, False)
+                        t += n
+                for t in range(t0, t1):
+                    o, a = t * N + g * R, (t - t0) * R
+                    yf[o + c_lo:o + c_hi] = acc[a + c_lo:a + c_hi]
+
+
 def codes_per_row(x, qm):
     """``x @ qm`` through :func:`per_row_rows` whatever T is."""
     y = np.empty((x.shape[0], qm.qs.shape[0] * qm.qs.shape[3]), np.float32)
@@ -225,6 +283,16 @@ def whole_groups(x, qm):
     y = np.empty((x.shape[0], qm.qs.shape[0] * qm.qs.shape[3]), np.float32)
     xp, xs = K.inputs(x, qm.m is not None)
     K.batch(qm.qs, qm.d, qm.m, xp, xs, y, qm.qs.shape[0])
+    return y[:, :qm.shape[1]]
+
+
+def tile_first(x, qm):
+    """``x @ qm`` with :func:`tile_first_batch` from 4 rows (``rows`` below)."""
+    if x.shape[0] <= FEW_ROWS:
+        return x @ qm
+    y = np.empty((x.shape[0], qm.qs.shape[0] * qm.qs.shape[3]), np.float32)
+    xp, xs = K.inputs(x, qm.m is not None)
+    tile_first_batch(qm.qs, qm.d, qm.m, xp, xs, y, numba.get_num_threads())
     return y[:, :qm.shape[1]]
 
 
@@ -260,10 +328,11 @@ def main(argv=None) -> int:
             "codes per row": proj + [head],
             "dequantized tile": proj + [head],
             "whole groups": proj + [head],
+            "tile first": proj + [head],
             "64 lanes everywhere": [with_lanes(m, 64) for m in proj] + [with_lanes(head, 64)],
             "float32": [np.asarray(m) for m in proj] + [np.asarray(head)]}
     how = {"codes per row": codes_per_row, "dequantized tile": dequantized_tile,
-           "whole groups": whole_groups}
+           "whole groups": whole_groups, "tile first": tile_first}
     nbytes = {k: sum(m.nbytes for m in v) for k, v in sets.items()}
     rng = np.random.default_rng(0)
     out = Path(args.out)
@@ -282,9 +351,9 @@ def main(argv=None) -> int:
              f"{nbytes['float32'] / 2**20:.0f} MiB float32); best of "
              f"{args.rounds} alternating rounds.", "",
              "| rows T | kernel | quantized ms | float32 ms | float32 / quantized | "
-             "codes per row ms | dequantized tile ms | whole groups ms | "
+             "codes per row ms | dequantized tile ms | whole groups ms | tile first ms | "
              "64 lanes everywhere ms | quantized GB/s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     with pinned_threads(args.threads):
         for T in args.rows:
             xs = {k: rng.standard_normal((T, k), dtype=np.float32) for k in (576, 1536)}
@@ -309,6 +378,7 @@ def main(argv=None) -> int:
                          f"{1e3 * best['codes per row']:.1f} | "
                          f"{1e3 * best['dequantized tile']:.1f} | "
                          f"{1e3 * best['whole groups']:.1f} | "
+                         f"{1e3 * best['tile first']:.1f} | "
                          f"{1e3 * best['64 lanes everywhere']:.1f} | "
                          f"{nbytes['quantized'] / q / 1e9:.1f} |")
             print(lines[-1], flush=True)

@@ -27,6 +27,7 @@ from paged_np.quant import (
     parse_blocks,
     quantize_q8_0,
 )
+from paged_np.quant import kernels as KERNELS
 
 FORMATS = sorted(QUANT_FORMATS)
 
@@ -146,6 +147,19 @@ def test_every_row_gets_the_bits_of_a_one_row_product(fmt, rows):
                                                    np.float32))
 
 
+@numba.njit
+def _codes_tile(qf, qb, R, q4, wf):
+    """A block's codes tile as the first pass of ``batch`` builds it, row by row."""
+    for c in range(0, R, 16):
+        if q4:
+            for j in range(16):
+                KERNELS.tile_row(qf, qb + j * R + c, wf, 2 * j * R + c, True, 0)
+                KERNELS.tile_row(qf, qb + j * R + c, wf, (2 * j + 1) * R + c, True, 1)
+        else:
+            for j in range(32):
+                KERNELS.tile_row(qf, qb + j * R + c, wf, j * R + c, True, 2)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("rows", [45, 256])                        # 64 and 128 lanes
 def test_codes_tile_and_inputs_pair_each_code_with_its_input(fmt, rows):
@@ -161,7 +175,7 @@ def test_codes_tile_and_inputs_pair_each_code_with_its_input(fmt, rows):
     wf = np.empty(32 * R, np.float32)
     for g in range(G):
         for b in range(nb):
-            K.codes_tile(qm.qs.reshape(-1), (g * nb + b) * J * R, R, fmt != "Q8_0", wf, 0, R)
+            _codes_tile(qm.qs.reshape(-1), (g * nb + b) * J * R, R, fmt != "Q8_0", wf)
             codes = q[g * R:(g + 1) * R, b].T                              # [32, R]
             if fmt != "Q8_0":                                  # lo_j, lo_j + 16 hi_j = byte
                 codes = np.stack([codes[:16], codes[:16] + 16 * codes[16:]], 1).reshape(32, R)

@@ -40,13 +40,21 @@ has seen nothing yet.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic, overload
+from numba import njit
 
 from ..config import JIT_OPTIONS
-from ..quant.simd import HAS_AVX512, add, lane, load_f32, maximum, splat, store_f32, zeros_f32
+from ..quant.simd import (
+    CACHE_LINE,
+    HAS_AVX512,
+    add,
+    lane,
+    load_f32,
+    maximum,
+    prefetch_l2,
+    splat,
+    store_f32,
+    zeros_f32,
+)
 from .numba_widen import to_f32
 
 #: Running max of a row that has seen no key yet (finite: fastmath forbids inf).
@@ -80,41 +88,6 @@ def exp2(x):
     # 2**n built directly in the exponent bits of a float32 (n = -127 gives 0.0)
     two_n = np.uint32((np.int32(n) + 127) << 23).view(np.float32)
     return p * two_n
-
-
-# ---------------------------------------------------------------------------
-# Software prefetch into L2: a no-op in plain Python, an LLVM intrinsic in jit.
-# ---------------------------------------------------------------------------
-#: Bytes per cache line: one prefetch covers this much of a tile.
-CACHE_LINE = 64
-
-
-def prefetch_l2(a, i):
-    """Hint that element ``i`` of the flat view of ``a`` will be read soon (no-op in Python)."""
-
-
-@intrinsic
-def _prefetch_l2(typingctx, a, i):
-    """LLVM: ``llvm.prefetch(&a.flat[i], read, locality 2, data)`` = x86 ``prefetcht1``.
-
-    A hint: never faults, never waits for the line. Locality 2 brings the line
-    into L2 (and L3), not L1: see ``docs/concepts/kernels.md`` for why that matters.
-    """
-    def codegen(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        ptr = builder.gep(ary.data, [args[1]])
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-        builder.call(fn, [ptr, i32(0), i32(2), i32(1)])  # read, locality 2, data cache
-        return context.get_dummy_value()
-
-    return types.void(a, types.intp), codegen
-
-
-@overload(prefetch_l2, jit_options=JIT_OPTIONS)
-def _prefetch_l2_jit(a, i):
-    return lambda a, i: _prefetch_l2(a, i)
 
 
 @njit(**JIT_OPTIONS)

@@ -21,8 +21,9 @@ Which kernel runs depends on the number of input rows ``T``:
 1..3      ``rows``: decode (T = 1), a few decodes; each row converts the
           codes itself as it multiplies (no tile to write)
 >= 4      ``batch``: a batch of decodes, a speculative verify step, prefill;
-          each block's codes converted once into a float32 tile in L1 and
-          multiplied into 16 rows at a time, 3-5 rows per pass
+          each block's codes converted once (by its first pass, into a
+          float32 tile in L1) and multiplied into 16 rows at a time, 3-5 rows
+          per pass
 ========  ===================================================================
 
 Both compute each row with the same operations in the same order, so a row

@@ -39,6 +39,7 @@ checked by the caller: there is no bounds check in here)::
     zip_low(a, b)           a[0], b[0], a[1], b[1], ... a[7], b[7]; zip_high: from lane 8
     lane(v, i)              lane i of v, a float32
     fma(a, b, c)            a * b + c (rounded once)
+    prefetch_l2(a, i)       ask for the cache line of a's flat element i (prefetcht1)
 
 ``dot4`` compiles to ``vpdpbusd`` where the CPU has AVX-512 VNNI
 (:data:`HAS_VNNI`); else, on AVX2 (:data:`HAS_AVX2`), to AVX2's byte-pair
@@ -176,6 +177,26 @@ low_codes_f32 = _codes("zext", True)
 byte_codes_f32 = _codes("zext", False)
 #: The signed bytes ``a[i:i+16]`` as float32 lanes: Q8's codes.
 int8_codes_f32 = _codes("sext", False)
+
+
+#: Bytes per cache line: one prefetch covers this much of a tile.
+CACHE_LINE = 64
+
+
+@intrinsic
+def _prefetch_l2(typingctx, a, i):
+    """LLVM: ``llvm.prefetch(&a.flat[i], read, locality 2, data)`` = x86 ``prefetcht1``.
+
+    A hint: never faults, never waits for the line. Locality 2 brings the line
+    into L2 (and L3), not L1: see ``docs/concepts/kernels.md`` for why that matters.
+    """
+    def codegen(context, builder, sig, args):
+        ptr = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data,
+                          [args[1]])
+        fn = _function(builder, "llvm.prefetch.p0", ir.VoidType(), [ptr.type, _I32, _I32, _I32])
+        builder.call(fn, [ptr, _I32(0), _I32(2), _I32(1)])  # read, locality 2, data cache
+        return context.get_dummy_value()
+    return types.void(a, types.intp), codegen
 
 
 @intrinsic
@@ -385,6 +406,11 @@ def _jitted_as(intr):
         overload(twin)(_CALLS[twin.__code__.co_argcount](intr))
         return twin
     return register
+
+
+@_jitted_as(_prefetch_l2)
+def prefetch_l2(a, i):
+    """Hint that ``a``'s flat element ``i`` will be read soon (a no-op in plain Python)."""
 
 
 @_jitted_as(_load_f32)
