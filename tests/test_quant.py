@@ -79,7 +79,7 @@ def test_repacking_round_trips_the_blocks(fmt):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fmt=st.sampled_from(FORMATS),
-       rows=st.one_of(st.integers(1, 100), st.sampled_from([128, 256])),   # 256: 128 lanes
+       rows=st.one_of(st.integers(1, 100), st.sampled_from([128, 256])),   # 256: 4 groups
        nb=st.integers(1, 5),
        T=st.sampled_from([1, 2, FEW_ROWS, FEW_ROWS + 1, 7, 16, 17, 40]),
        threads=st.integers(1, numba.config.NUMBA_NUM_THREADS), seed=st.integers(0, 2**16))
@@ -109,7 +109,7 @@ def test_every_kernel_equals_the_reference(fmt, rows, nb, T, threads, seed):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("rows", [45, 64, 256])                    # 64 and 128 lanes
+@pytest.mark.parametrize("rows", [45, 64, 256])                    # 1, 1 and 4 groups
 def test_every_row_gets_the_bits_of_a_one_row_product(fmt, rows):
     # Batch invariance: a row's result must not depend on how many rows share the call,
     # so that a verify step scores each draft as a decode step would. T = 1-3 run `rows`
@@ -161,7 +161,7 @@ def _codes_tile(qf, qb, R, q4, wf):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("rows", [45, 256])                        # 64 and 128 lanes
+@pytest.mark.parametrize("rows", [45, 256])                        # 1 and 4 groups
 def test_codes_tile_and_inputs_pair_each_code_with_its_input(fmt, rows):
     # The tile row j holds the codes that multiply xp[:, 32 b + j]: Q8's code j; for Q4
     # byte row j's low code (weight j) in row 2j, its whole byte in row 2j + 1, and xp
@@ -192,12 +192,12 @@ def test_codes_tile_and_inputs_pair_each_code_with_its_input(fmt, rows):
     np.testing.assert_array_equal(pairs[..., 0], lo - hi * np.float32(0.0625))  # one rounding
 
 
-@pytest.mark.parametrize("rows, lanes", [(256, 128), (192, 64), (45, 64)])
-def test_groups_are_128_rows_wide_where_the_row_count_allows(rows, lanes):
+@pytest.mark.parametrize("rows", [256, 192, 45])
+def test_groups_are_64_rows_wide_and_the_last_is_padded(rows):
     rng = np.random.default_rng(rows)
     raw = file_bytes(random_matrix(rng, rows, 64), "Q4_1")
     qm = QuantMatrix.from_blocks("Q4_1", *parse_blocks(raw, "Q4_1", rows, 64))
-    assert qm.qs.shape[3] == lanes and qm.qs.shape[0] == -(-rows // lanes)
+    assert qm.qs.shape[3] == 64 and qm.qs.shape[0] == -(-rows // 64)
     x = rng.standard_normal((5, 64)).astype(np.float32)
     ref = x.astype(np.float64) @ dequantize_raw(raw, "Q4_1", rows, 64).T.astype(np.float64)
     assert rel_err(x @ qm, ref) < 1e-5

@@ -1,8 +1,7 @@
 """Numba kernels over the repacked quantized layout of :mod:`.matrix`.
 
 The layout (built once, on load): output rows are taken in groups of
-``LANES`` (64, or ``WIDE_LANES``, 128, where the row count allows)
-consecutive rows, and for each group and each 32-weight block the group's
+``LANES`` (64) consecutive rows, and for each group and each 32-weight block the group's
 quantized values are stored side by side::
 
     Q4: qs uint8 [G, nb, 16, LANES]   byte (j, r) = row r's weight j (low nibble)
@@ -70,12 +69,12 @@ from .simd import (
     zip_low,
 )
 
-#: Output rows per group: four 16-lane vectors, or eight (``WIDE_LANES``) for matrices
-#: whose row count is a multiple of 128: each block's codes and scales are then read in
-#: longer runs. (Chosen when LLVM vectorised these loops, where a longer loop paid its
-#: entry cost less often: ``benchmarks/quant_kernels.md`` times 64 rows everywhere.)
+#: Output rows per group: four 16-lane vectors. (Matrices whose row count is a multiple
+#: of 128 had groups of 128 while LLVM vectorised these loops, where a longer loop paid
+#: its entry cost less often; with explicit vectors and the first pass converting the
+#: codes, 64 is 2-5% faster at 9 rows and 1-3% at one: the "128 lanes" column of
+#: ``benchmarks/quant_kernels_avx2.md``.)
 LANES = 64
-WIDE_LANES = 128
 #: Input rows that share one block's codes tile in ``batch`` (their accumulators: 4 KiB
 #: of L1 at 64 lanes).
 BATCH = 16

@@ -8,8 +8,8 @@ does not change; only the bytes each token reads do (Q4_1: 0.75 bytes a
 weight in memory here, 4 as float32).
 
 It holds the weights in the repacked layout of :mod:`.kernels` (rows in
-groups of 128 lanes when the row count is a multiple of 128, else 64, each
-block's values side by side across the group), built once from the file's
+groups of 64 lanes, each block's values side by side across the group),
+built once from the file's
 blocks; the row count is padded to a multiple of 64 with zero rows that the
 result never shows. The scales are widened from
 float16 to float32 at load (Q4_1: 24 bytes per 32 weights here, 20 in the
@@ -94,7 +94,7 @@ class QuantMatrix:
             return cls(fmt, (d.shape[1] * BLOCK, d.shape[0]), *_int8_layout(fmt, q, d, m),
                        int8_activations=True)
         rows, nb = d.shape
-        R = K.WIDE_LANES if rows % K.WIDE_LANES == 0 else K.LANES
+        R = K.LANES
         G = -(-rows // R)
         pad = G * R - rows                                       # zero rows, never shown
         qp = np.pad(q, ((0, pad), (0, 0), (0, 0)))               # [G*R, nb, 32]
