@@ -46,6 +46,7 @@ from paged_np.config import JIT_OPTIONS  # noqa: E402
 from paged_np.models.blas import pinned_threads  # noqa: E402
 from paged_np.quant import FEW_ROWS, QuantMatrix  # noqa: E402
 from paged_np.quant import kernels as K  # noqa: E402
+from paged_np.quant import passes as P  # noqa: E402
 from paged_np.quant.simd import fma, load_f32, splat, store_f32  # noqa: E402
 
 
@@ -188,7 +189,7 @@ def dequantized_tile_batch(qs, d, m, x, y):
                     _dequantize_q4_block(qs, d, m, g, b, w)
                 t = t0
                 while t < t1:
-                    n = K.pass_rows(t1 - t)
+                    n = P.pass_rows(t1 - t)
                     for c in range(0, R, 16):
                         if n == 5:
                             _dq_pass5(wf, R, x, b * 32, accf, t - t0, t, c)
@@ -206,7 +207,7 @@ def dequantized_tile_batch(qs, d, m, x, y):
 @njit(parallel=True, **JIT_OPTIONS)
 def tile_first_batch(qs, d, m, xp, xs, y, parts):
     """``batch`` as it was before its first pass over a block converted the codes: the
-    whole block converted into the tile first (``K.tile_row`` row after row), then every
+    whole block converted into the tile first (``P.tile_row`` row after row), then every
     pass reading it there; no prefetch. The same operations on the same bits."""
     G, nb, J, R = qs.shape
     T, N = xp.shape[0], y.shape[1]
@@ -233,23 +234,23 @@ def tile_first_batch(qs, d, m, xp, xs, y, parts):
                         for c in range(c_lo, c_hi, 16):
                             p = qb + j * R + c
                             if q4:
-                                K.tile_row(qf, p, wf, 2 * j * R + c, True, 0)
-                                K.tile_row(qf, p, wf, (2 * j + 1) * R + c, True, 1)
+                                P.tile_row(qf, p, wf, 2 * j * R + c, True, 0)
+                                P.tile_row(qf, p, wf, (2 * j + 1) * R + c, True, 1)
                             else:
-                                K.tile_row(qf, p, wf, j * R + c, True, 2)
+                                P.tile_row(qf, p, wf, j * R + c, True, 2)
                     t = t0
                     while t < t1:
-                        n = K.pass_rows(t1 - t)
+                        n = P.pass_rows(t1 - t)
                         i, o = t - t0, b * 32
                         for c in range(c_lo, c_hi, 16):
                             if n == 5:
-                                K._pass5(qf, qb, wf, R, xp, o, acc, i, t, c, df, mf, so + c,
+                                P._pass5(qf, qb, wf, R, xp, o, acc, i, t, c, df, mf, so + c,
                                          xs, b, q4, False)
                             elif n == 4:
-                                K._pass4(qf, qb, wf, R, xp, o, acc, i, t, c, df, mf, so + c,
+                                P._pass4(qf, qb, wf, R, xp, o, acc, i, t, c, df, mf, so + c,
                                          xs, b, q4, False)
                             else:
-                                K._pass3(qf, qb, wf, R, xp, o, acc, i, t, c, df, mf, so + c,
+                                P._pass3(qf, qb, wf, R, xp, o, acc, i, t, c, df, mf, so + c,
                                          xs, b, q4, False)
                         t += n
                 for t in range(t0, t1):

@@ -27,7 +27,7 @@ from paged_np.quant import (
     parse_blocks,
     quantize_q8_0,
 )
-from paged_np.quant import kernels as KERNELS
+from paged_np.quant import passes as PASSES
 
 FORMATS = sorted(QUANT_FORMATS)
 
@@ -129,7 +129,7 @@ def test_every_row_gets_the_bits_of_a_one_row_product(fmt, rows):
     for size in range(4, 17):                    # a chunk's passes never read past it
         left = size
         while left:
-            n = K.pass_rows(left)
+            n = PASSES.pass_rows(left)
             assert 3 <= n <= min(left, 5), (size, left, n)
             left -= n
     xp, xs = K.inputs(x[:9], fmt != "Q8_0")               # any cut of the lanes into
@@ -153,11 +153,11 @@ def _codes_tile(qf, qb, R, q4, wf):
     for c in range(0, R, 16):
         if q4:
             for j in range(16):
-                KERNELS.tile_row(qf, qb + j * R + c, wf, 2 * j * R + c, True, 0)
-                KERNELS.tile_row(qf, qb + j * R + c, wf, (2 * j + 1) * R + c, True, 1)
+                PASSES.tile_row(qf, qb + j * R + c, wf, 2 * j * R + c, True, 0)
+                PASSES.tile_row(qf, qb + j * R + c, wf, (2 * j + 1) * R + c, True, 1)
         else:
             for j in range(32):
-                KERNELS.tile_row(qf, qb + j * R + c, wf, j * R + c, True, 2)
+                PASSES.tile_row(qf, qb + j * R + c, wf, j * R + c, True, 2)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

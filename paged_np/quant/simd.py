@@ -179,17 +179,13 @@ byte_codes_f32 = _codes("zext", False)
 int8_codes_f32 = _codes("sext", False)
 
 
-#: Bytes per cache line: one prefetch covers this much of a tile.
-CACHE_LINE = 64
+CACHE_LINE = 64                                                  #: bytes one prefetch covers
 
 
 @intrinsic
 def _prefetch_l2(typingctx, a, i):
-    """LLVM: ``llvm.prefetch(&a.flat[i], read, locality 2, data)`` = x86 ``prefetcht1``.
-
-    A hint: never faults, never waits for the line. Locality 2 brings the line
-    into L2 (and L3), not L1: see ``docs/concepts/kernels.md`` for why that matters.
-    """
+    """``llvm.prefetch(&a.flat[i], read, locality 2, data)``, x86 ``prefetcht1``: a hint
+    that never faults or waits; into L2, not L1 (``docs/concepts/kernels.md``)."""
     def codegen(context, builder, sig, args):
         ptr = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data,
                           [args[1]])
