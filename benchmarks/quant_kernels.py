@@ -234,24 +234,16 @@ def tile_first_batch(qs, d, m, xp, xs, y, parts):
                         for c in range(c_lo, c_hi, 16):
                             p = qb + j * R + c
                             if q4:
-                                P.tile_row(qf, p, wf, 2 * j * R + c, True, 0)
-                                P.tile_row(qf, p, wf, (2 * j + 1) * R + c, True, 1)
+                                P.tile_row(qf, p, wf, 2 * j * R + c, True, P.LOW)
+                                P.tile_row(qf, p, wf, (2 * j + 1) * R + c, True, P.BYTE)
                             else:
-                                P.tile_row(qf, p, wf, j * R + c, True, 2)
+                                P.tile_row(qf, p, wf, j * R + c, True, P.SIGNED)
                     t = t0
                     while t < t1:
                         n = P.pass_rows(t1 - t)
-                        i, o = t - t0, b * 32
                         for c in range(c_lo, c_hi, 16):
-                            if n == 5:
-                                P._pass5(qf, qb, wf, R, xp, o, acc, i, t, c, df, mf, so + c,
-                                         xs, b, q4, False)
-                            elif n == 4:
-                                P._pass4(qf, qb, wf, R, xp, o, acc, i, t, c, df, mf, so + c,
-                                         xs, b, q4, False)
-                            else:
-                                P._pass3(qf, qb, wf, R, xp, o, acc, i, t, c, df, mf, so + c,
-                                         xs, b, q4, False)
+                            P._pass_of(qf, qb, wf, R, xp, b * 32, acc, t - t0, t, c, df, mf,
+                                       so + c, xs, b, q4, n, False)
                         t += n
                 for t in range(t0, t1):
                     o, a = t * N + g * R, (t - t0) * R

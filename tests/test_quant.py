@@ -153,11 +153,11 @@ def _codes_tile(qf, qb, R, q4, wf):
     for c in range(0, R, 16):
         if q4:
             for j in range(16):
-                PASSES.tile_row(qf, qb + j * R + c, wf, 2 * j * R + c, True, 0)
-                PASSES.tile_row(qf, qb + j * R + c, wf, (2 * j + 1) * R + c, True, 1)
+                PASSES.tile_row(qf, qb + j * R + c, wf, 2 * j * R + c, True, PASSES.LOW)
+                PASSES.tile_row(qf, qb + j * R + c, wf, (2 * j + 1) * R + c, True, PASSES.BYTE)
         else:
             for j in range(32):
-                PASSES.tile_row(qf, qb + j * R + c, wf, j * R + c, True, 2)
+                PASSES.tile_row(qf, qb + j * R + c, wf, j * R + c, True, PASSES.SIGNED)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -8,6 +8,15 @@ keeps them in a float32 tile in L1; the passes after it load them from there.
 Every pass does the same operations in the same order as the one-row kernel
 (:func:`.kernels._block_dot`), so a row of a batch gets the bits of a one-row
 product.
+
+Arrays (flat views, as ``batch`` hands them over; lanes ``R`` = 64)::
+
+    qf   qs [G, nb, J, R]   codes: Q4 bytes (J = 16), Q8 int8 (J = 32); block (g, b)
+                            starts at qb = (g nb + b) J R
+    wf   float32 [32, R]    the block's codes tile, row j multiplies xp[:, 32 b + j]
+    xp   float32 [T, K]     the inputs as :func:`.kernels.inputs` prepares them
+    df, mf  float32 [G, nb, R]  block scales (and Q4's minimums); so = (g nb + b) R
+    accf float32 [BATCH, R] one group's sums for a chunk of input rows
 """
 
 from __future__ import annotations
@@ -39,18 +48,23 @@ def scale_into(accf, o, s, df, mf, so, xs, t, b, q4):
     store_f32(accf, o, a)
 
 
+#: What a tile row holds (``kind`` of :func:`tile_row`): Q4's low nibbles, Q4's whole
+#: bytes, Q8's signed bytes.
+LOW, BYTE, SIGNED = 0, 1, 2
+
+
 @njit(inline="always", **JIT_OPTIONS)
 def tile_row(qf, p, wf, i, convert, kind):
     """One row of a block's codes tile, 16 lanes: the codes ``qf[p:p+16]`` as float32
-    (``kind`` 0: Q4's low nibbles, 1: Q4's whole bytes, 2: Q8's signed bytes), stored
+    (``kind``: :data:`LOW`, :data:`BYTE` or :data:`SIGNED`), stored
     at ``wf[i:i+16]``, if ``convert``; else read back from there (converted by an
     earlier pass over the same block). Tile row ``2j`` of a Q4 block holds byte row
     ``j``'s low codes and row ``2j + 1`` its bytes; tile row ``j`` of a Q8 block its
     code row ``j``: row ``j`` multiplies ``xp[:, 32 b + j]``."""
     if convert:
-        if kind == 0:
+        if kind == LOW:
             w = low_codes_f32(qf, p)
-        elif kind == 1:
+        elif kind == BYTE:
             w = byte_codes_f32(qf, p)
         else:
             w = int8_codes_f32(qf, p)
@@ -59,101 +73,66 @@ def tile_row(qf, p, wf, i, convert, kind):
     return load_f32(wf, i)
 
 
-# The passes of ``batch``: rows ``t..t+n-1`` of ``xp`` times lanes ``c..c+15`` of a block's
+# A pass: rows ``t..t+n-1`` of ``xp`` (n = 3, 4 or 5) times lanes ``c..c+15`` of a block's
 # codes, each row's sum in registers (a :mod:`.simd` vector: two ``ymm`` on AVX2) through
 # the block's 32 codes, then scaled into ``acc`` from its row ``i``. Per code: one
 # conversion (the block's first pass, which also keeps it in the tile ``wf``) or one tile
 # load (the passes after it), one broadcast and one fma per row: the same fmas in the
-# same order as ``_block_dot``. One function per row count, not one with a count
-# argument: each loop body then has a fixed set of sums and no branch between its
-# multiply-adds (``convert`` is a constant where :func:`block_passes` calls them).
+# same order as ``_block_dot``. ``n`` and ``convert`` are constants where
+# :func:`_pass_of` calls it, so each compiled loop body has a fixed set of sums and no
+# branch between its multiply-adds (the sums past ``n`` are never computed).
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _pass3(qf, qb, wf, R, xp, o, accf, i, t, c, df, mf, so, xs, b, q4, convert):
-    a0 = a1 = a2 = zeros_f32()
-    if q4:
-        for j in range(16):
-            p, k = qb + j * R + c, o + 2 * j
-            w = tile_row(qf, p, wf, 2 * j * R + c, convert, 0)
-            a0 = fma(w, splat(xp[t, k]), a0)
-            a1 = fma(w, splat(xp[t + 1, k]), a1)
-            a2 = fma(w, splat(xp[t + 2, k]), a2)
-            w = tile_row(qf, p, wf, (2 * j + 1) * R + c, convert, 1)
-            a0 = fma(w, splat(xp[t, k + 1]), a0)
-            a1 = fma(w, splat(xp[t + 1, k + 1]), a1)
-            a2 = fma(w, splat(xp[t + 2, k + 1]), a2)
-    else:
-        for j in range(32):
-            w = tile_row(qf, qb + j * R + c, wf, j * R + c, convert, 2)
-            a0 = fma(w, splat(xp[t, o + j]), a0)
-            a1 = fma(w, splat(xp[t + 1, o + j]), a1)
-            a2 = fma(w, splat(xp[t + 2, o + j]), a2)
-    scale_into(accf, i * R + c, a0, df, mf, so, xs, t, b, q4)
-    scale_into(accf, (i + 1) * R + c, a1, df, mf, so, xs, t + 1, b, q4)
-    scale_into(accf, (i + 2) * R + c, a2, df, mf, so, xs, t + 2, b, q4)
-
-
-@njit(inline="always", **JIT_OPTIONS)
-def _pass4(qf, qb, wf, R, xp, o, accf, i, t, c, df, mf, so, xs, b, q4, convert):
-    a0 = a1 = a2 = a3 = zeros_f32()
-    if q4:
-        for j in range(16):
-            p, k = qb + j * R + c, o + 2 * j
-            w = tile_row(qf, p, wf, 2 * j * R + c, convert, 0)
-            a0 = fma(w, splat(xp[t, k]), a0)
-            a1 = fma(w, splat(xp[t + 1, k]), a1)
-            a2 = fma(w, splat(xp[t + 2, k]), a2)
-            a3 = fma(w, splat(xp[t + 3, k]), a3)
-            w = tile_row(qf, p, wf, (2 * j + 1) * R + c, convert, 1)
-            a0 = fma(w, splat(xp[t, k + 1]), a0)
-            a1 = fma(w, splat(xp[t + 1, k + 1]), a1)
-            a2 = fma(w, splat(xp[t + 2, k + 1]), a2)
-            a3 = fma(w, splat(xp[t + 3, k + 1]), a3)
-    else:
-        for j in range(32):
-            w = tile_row(qf, qb + j * R + c, wf, j * R + c, convert, 2)
-            a0 = fma(w, splat(xp[t, o + j]), a0)
-            a1 = fma(w, splat(xp[t + 1, o + j]), a1)
-            a2 = fma(w, splat(xp[t + 2, o + j]), a2)
-            a3 = fma(w, splat(xp[t + 3, o + j]), a3)
-    scale_into(accf, i * R + c, a0, df, mf, so, xs, t, b, q4)
-    scale_into(accf, (i + 1) * R + c, a1, df, mf, so, xs, t + 1, b, q4)
-    scale_into(accf, (i + 2) * R + c, a2, df, mf, so, xs, t + 2, b, q4)
-    scale_into(accf, (i + 3) * R + c, a3, df, mf, so, xs, t + 3, b, q4)
-
-
-@njit(inline="always", **JIT_OPTIONS)
-def _pass5(qf, qb, wf, R, xp, o, accf, i, t, c, df, mf, so, xs, b, q4, convert):
+def _pass(qf, qb, wf, R, xp, o, accf, i, t, c, df, mf, so, xs, b, q4, n, convert):
     a0 = a1 = a2 = a3 = a4 = zeros_f32()
     if q4:
         for j in range(16):
             p, k = qb + j * R + c, o + 2 * j
-            w = tile_row(qf, p, wf, 2 * j * R + c, convert, 0)
+            w = tile_row(qf, p, wf, 2 * j * R + c, convert, LOW)
             a0 = fma(w, splat(xp[t, k]), a0)
             a1 = fma(w, splat(xp[t + 1, k]), a1)
             a2 = fma(w, splat(xp[t + 2, k]), a2)
-            a3 = fma(w, splat(xp[t + 3, k]), a3)
-            a4 = fma(w, splat(xp[t + 4, k]), a4)
-            w = tile_row(qf, p, wf, (2 * j + 1) * R + c, convert, 1)
+            if n > 3:
+                a3 = fma(w, splat(xp[t + 3, k]), a3)
+            if n > 4:
+                a4 = fma(w, splat(xp[t + 4, k]), a4)
+            w = tile_row(qf, p, wf, (2 * j + 1) * R + c, convert, BYTE)
             a0 = fma(w, splat(xp[t, k + 1]), a0)
             a1 = fma(w, splat(xp[t + 1, k + 1]), a1)
             a2 = fma(w, splat(xp[t + 2, k + 1]), a2)
-            a3 = fma(w, splat(xp[t + 3, k + 1]), a3)
-            a4 = fma(w, splat(xp[t + 4, k + 1]), a4)
+            if n > 3:
+                a3 = fma(w, splat(xp[t + 3, k + 1]), a3)
+            if n > 4:
+                a4 = fma(w, splat(xp[t + 4, k + 1]), a4)
     else:
         for j in range(32):
-            w = tile_row(qf, qb + j * R + c, wf, j * R + c, convert, 2)
+            w = tile_row(qf, qb + j * R + c, wf, j * R + c, convert, SIGNED)
             a0 = fma(w, splat(xp[t, o + j]), a0)
             a1 = fma(w, splat(xp[t + 1, o + j]), a1)
             a2 = fma(w, splat(xp[t + 2, o + j]), a2)
-            a3 = fma(w, splat(xp[t + 3, o + j]), a3)
-            a4 = fma(w, splat(xp[t + 4, o + j]), a4)
+            if n > 3:
+                a3 = fma(w, splat(xp[t + 3, o + j]), a3)
+            if n > 4:
+                a4 = fma(w, splat(xp[t + 4, o + j]), a4)
     scale_into(accf, i * R + c, a0, df, mf, so, xs, t, b, q4)
     scale_into(accf, (i + 1) * R + c, a1, df, mf, so, xs, t + 1, b, q4)
     scale_into(accf, (i + 2) * R + c, a2, df, mf, so, xs, t + 2, b, q4)
-    scale_into(accf, (i + 3) * R + c, a3, df, mf, so, xs, t + 3, b, q4)
-    scale_into(accf, (i + 4) * R + c, a4, df, mf, so, xs, t + 4, b, q4)
+    if n > 3:
+        scale_into(accf, (i + 3) * R + c, a3, df, mf, so, xs, t + 3, b, q4)
+    if n > 4:
+        scale_into(accf, (i + 4) * R + c, a4, df, mf, so, xs, t + 4, b, q4)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _pass_of(qf, qb, wf, R, xp, o, accf, i, t, c, df, mf, so, xs, b, q4, n, convert):
+    """:func:`_pass` with ``n`` (3-5) made a constant, one compiled body per row count."""
+    if n == 5:
+        _pass(qf, qb, wf, R, xp, o, accf, i, t, c, df, mf, so, xs, b, q4, 5, convert)
+    elif n == 4:
+        _pass(qf, qb, wf, R, xp, o, accf, i, t, c, df, mf, so, xs, b, q4, 4, convert)
+    else:
+        _pass(qf, qb, wf, R, xp, o, accf, i, t, c, df, mf, so, xs, b, q4, 3, convert)
 
 
 @njit(inline="always", **JIT_OPTIONS)
@@ -177,25 +156,12 @@ def block_passes(qf, qb, wf, R, xp, accf, t0, t1, c_lo, c_hi, df, mf, so, xs, b,
     while t < t1:
         n = pass_rows(t1 - t)
         for c in range(c_lo, c_hi, 16):
-            if n == 5:
-                if t == t0:
-                    _pass5(qf, qb, wf, R, xp, b * 32, accf, 0, t, c, df, mf, so + c, xs, b, q4,
-                           True)
-                else:
-                    _pass5(qf, qb, wf, R, xp, b * 32, accf, t - t0, t, c, df, mf, so + c, xs,
-                           b, q4, False)
-            elif n == 4:
-                if t == t0:
-                    _pass4(qf, qb, wf, R, xp, b * 32, accf, 0, t, c, df, mf, so + c, xs, b, q4,
-                           True)
-                else:
-                    _pass4(qf, qb, wf, R, xp, b * 32, accf, t - t0, t, c, df, mf, so + c, xs,
-                           b, q4, False)
-            elif t == t0:
-                _pass3(qf, qb, wf, R, xp, b * 32, accf, 0, t, c, df, mf, so + c, xs, b, q4, True)
+            if t == t0:                                          # converts, constant True
+                _pass_of(qf, qb, wf, R, xp, b * 32, accf, 0, t, c, df, mf, so + c, xs, b, q4,
+                         n, True)
             else:
-                _pass3(qf, qb, wf, R, xp, b * 32, accf, t - t0, t, c, df, mf, so + c, xs, b,
-                       q4, False)
+                _pass_of(qf, qb, wf, R, xp, b * 32, accf, t - t0, t, c, df, mf, so + c, xs, b,
+                         q4, n, False)
         t += n
 
 
