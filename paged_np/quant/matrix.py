@@ -9,9 +9,8 @@ weight in memory here, 4 as float32).
 
 It holds the weights in the repacked layout of :mod:`.kernels` (rows in
 groups of 64 lanes, each block's values side by side across the group),
-built once from the file's
-blocks; the row count is padded to a multiple of 64 with zero rows that the
-result never shows. The scales are widened from
+built once from the file's blocks; the row count is padded to a multiple of
+64 with zero rows that the result never shows. The scales are widened from
 float16 to float32 at load (Q4_1: 24 bytes per 32 weights here, 20 in the
 file), so the kernels do no float16 conversion.
 
