@@ -23,15 +23,16 @@ figures), :mod:`paged_np.viz` (drawings) and :mod:`paged_np.cli` (the
 all of them.
 """
 
-from .attention import AttentionMetadata, merge_attention_states, paged_attention
+from .attention import AttentionMetadata, paged_attention
+from .attention.split_k import merge_attention_states
 from .cache.eviction import EvictionPolicy, FIFOPolicy, LFUPolicy, LRUPolicy
 from .cache.hash_index import HashIndex
-from .cache.indexes import make_prefix_index
 from .cache.kv_cache import BatchMetadata, Event, PagedKVCache
 from .cache.page_pool import PagePool
-from .cache.prefix_index import PrefixIndex
+from .cache.prefix_index import PrefixIndex, make_prefix_index
 from .cache.radix import RadixCache
-from .config import CacheConfig, EngineConfig, ModelConfig, SpeculativeConfig
+from .config import CacheConfig, ModelConfig
+from .engine.config import EngineConfig, SpeculativeConfig
 from .engine.engine import Engine
 from .engine.llm import LLM
 from .engine.logprobs import Logprob

@@ -22,6 +22,8 @@ module, which knows their shapes: :mod:`paged_np.attention` and
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from .errors import DTypeError, IndexOutOfRange, InvalidArgument, ShapeError
@@ -95,3 +97,26 @@ def as_extra_key(key) -> bytes | None:
     if isinstance(key, (str, int)):
         return str(key).encode()
     raise DTypeError(f"extra_key must be bytes, str or int, got {type(key).__name__}")
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
+          "gb": 1000**3, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+
+
+def parse_bytes(value, name: str = "kv_cache_memory") -> int:
+    """``"256MiB"``, ``"1.5GB"``, ``"4096"`` or an int -> bytes (1 KiB = 1024, 1 KB = 1000)."""
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", value)
+        if m is None or m.group(2).lower() not in _UNITS:
+            raise InvalidArgument(f"{name}: cannot read {value!r} as a size; write e.g. "
+                                  "'256MiB', '1GiB' or a number of bytes")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    else:
+        try:
+            n = check_int(name, value)
+        except DTypeError:
+            raise DTypeError(f"{name} must be a number of bytes or a str like '256MiB', got "
+                             f"{type(value).__name__}") from None
+    if n <= 0:
+        raise InvalidArgument(f"{name} must be > 0 bytes, got {value!r}")
+    return n

@@ -14,7 +14,7 @@ import pytest
 
 from paged_np.cli import chat, demo, demo_model, serve
 from paged_np.cli.options import engine_config, engine_options, flag
-from paged_np.config import EngineConfig
+from paged_np.engine.config import EngineConfig
 from paged_np.registry import backend_names
 
 #: command -> its parser (each command that builds an Engine or an LLM).

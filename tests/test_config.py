@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import paged_np as pnp
-from paged_np.config import EngineConfig, parse_bytes
+from paged_np.checks import parse_bytes
+from paged_np.engine.config import EngineConfig
 from paged_np.registry import ATTENTION_BACKENDS, backend_names, check_backend
 
 

@@ -16,7 +16,7 @@ from engine_helpers import prompts, tiny_model
 
 import paged_np as pnp
 from paged_np.cache.kv_quant import FP8_E4M3, dequantize, fp8_e4m3_encode, quantize
-from paged_np.config import KV_CACHE_DTYPES
+from paged_np.config import storage_dtype
 
 FORMATS = ("int8", "fp8_e4m3")
 
@@ -67,7 +67,7 @@ def test_quantize_one_scale_per_row(fmt, qmax):
     x = rng.standard_normal((5, 3, 64)).astype(np.float32) * rng.uniform(0.1, 50, (5, 3, 1))
     x[2, 1] = 0                                                  # an all-zero row
     q, scale = quantize(x, fmt)
-    assert q.dtype == KV_CACHE_DTYPES[fmt] and scale.shape == (5, 3)
+    assert q.dtype == storage_dtype(fmt) and scale.shape == (5, 3)
     amax = np.abs(x).max(-1)
     np.testing.assert_allclose(scale[amax > 0], (amax / qmax)[amax > 0], rtol=1e-6)
     back = dequantize(q, scale)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import paged_np as pnp
-from paged_np.config import parse_bytes
+from paged_np.checks import parse_bytes
 from paged_np.engine.verify import check_greedy
 
 
@@ -297,6 +297,7 @@ OPTION_VALUES = {
     "schedule": "lpm", "prefix_cache": "radix", "eviction_policy": "fifo",
     "backend": "numba", "record_events": True,
     "speculative_config": pnp.SpeculativeConfig(num_speculative_tokens=3),
+    "kv_cache": "paged", "scheduler": "vllm", "sampler": "vllm", "engine_step": "vllm",
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from paged_np.engine.schedule_policy import admission_order
+from paged_np.registry import SCHEDULES
 from paged_np.sim import prefix, workloads
 from paged_np.sim.simulate import max_reusable_fraction
 
@@ -39,6 +39,10 @@ def test_small_cache_run_keeps_the_cache_consistent(schedule):
         res = prefix.serve(trace, parent, pc, schedule, num_pages=60, page_size=16)
         assert 0 < res["hit_rate"] <= max_reusable_fraction(trace, 16) + 1e-12
         assert res["prefill_tokens"] >= (1 - res["hit_rate"]) * res["prompt_tokens"] - 1e-9
+
+
+def admission_order(n, schedule, *args, **kw):
+    return SCHEDULES.load(schedule)(n, *args, **kw)
 
 
 def test_admission_order_fcfs_lpm_and_starvation():

@@ -28,7 +28,6 @@ from reliability_helpers import (
 )
 
 import paged_np as pnp
-import paged_np.engine.engine as engine_module
 import paged_np.models.llama as model_module
 
 GREEDY = pnp.SamplingParams(max_tokens=8, temperature=0.0)
@@ -76,14 +75,14 @@ FAULT_SITES = {
     "finish_layer": ("model", "finish_layer"),
     "logits (forward end)": ("model", "logits"),
     "append_tokens (recording the step)": ("cache", "append_tokens"),
-    "sample_tokens (after every append)": ("engine_module", "sample_tokens"),
+    "sample_tokens (after every append)": ("engine", "sampler"),
 }
 
 
 def inject(monkeypatch, engine, site, **fault_args) -> Faults:
     where, name = FAULT_SITES[site]
     target = {"model": engine.model, "cache": engine.cache, "model_module": model_module,
-              "engine_module": engine_module}[where]
+              "engine": engine}[where]
     faults = Faults(getattr(target, name), **fault_args)
     monkeypatch.setattr(target, name, faults)
     return faults

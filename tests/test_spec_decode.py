@@ -156,13 +156,13 @@ def test_a_rejected_ngram_draft_arms_rejoin_once():
                         backend="numpy")
     req = SimpleNamespace(spec_backoff=DraftBackoff(), spec_token_ids=[1, 2, 3, 4],
                           spec_source=(20, 5, False), spec_rejoin=None)
-    engine.scheduler.record_drafts(req, 4, 2)
+    engine.scheduler.speculator.record(req, 4, 2)
     assert req.spec_rejoin == (22, 7) and req.spec_token_ids == []
     req.spec_source = (23, 8, True)                                # drafts from rejoin
-    engine.scheduler.record_drafts(req, 4, 1)
+    engine.scheduler.speculator.record(req, 4, 1)
     assert req.spec_rejoin is None
     req.spec_source = (30, 5, False)
-    engine.scheduler.record_drafts(req, 4, 4)                      # all accepted
+    engine.scheduler.speculator.record(req, 4, 4)                      # all accepted
     assert req.spec_rejoin is None
 
 
@@ -197,7 +197,7 @@ def test_config_from_a_dict_the_llm_and_the_cli(model):
     tok = pnp.Tokenizer.tiny()
     llm = pnp.LLM(pnp.LlamaModel.random(pnp.ModelConfig(vocab_size=tok.vocab_size)),
                   tokenizer=tok, num_pages=32, verbose=False, speculative_config=SPEC)
-    assert llm.engine.scheduler.proposer is not None
+    assert llm.engine.scheduler.speculator is not None
     out = llm.generate("abc abc abc abc", pnp.SamplingParams(max_tokens=8, temperature=0))
     assert len(out[0].outputs[0].token_ids) <= 8
 

@@ -22,8 +22,8 @@ an exception), which is why validation is complete and lives in one place,
 :mod:`.validate`: :func:`validate_paged_attention_inputs` returns the normalised
 arguments, in the order ``forward`` takes them, for any backend to reuse.
 
-Also here: :func:`merge_attention_states` (from :mod:`.split_k`) and the dense
-ground truth in :mod:`.reference`.
+Also here: :func:`merge_attention_states` (from :mod:`.split_k`, loaded when first
+asked for) and the dense ground truth in :mod:`.reference`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..checks import check_int, check_positive_int
-from ..config import ATTENTION_THREADS
 from ..errors import (  # BackendUnavailable: defined in errors, still importable from here
     BackendUnavailable,
     DTypeError,
@@ -42,8 +41,7 @@ from ..errors import (  # BackendUnavailable: defined in errors, still importabl
     PagedNPError,
     ShapeError,
 )
-from ..registry import ATTENTION_BACKENDS, backend_names, check_backend
-from .split_k import merge_attention_states
+from ..registry import ATTENTION_BACKENDS, ATTENTION_THREADS, backend_names, check_backend
 from .validate import (
     PagedAttentionArgs,
     as_sliding_window,
@@ -104,7 +102,7 @@ class AttentionMetadata:
         page_size = check_positive_int("page_size", self.page_size)
         window = check_int("sliding_window", self.sliding_window, low=0)
         if self.threads not in ATTENTION_THREADS:
-            raise InvalidArgument(f"threads must be one of {ATTENTION_THREADS}, got "
+            raise InvalidArgument(f"threads must be one of {ATTENTION_THREADS.names()}, got "
                                   f"{self.threads!r}")
         qsl = self.query_start_loc
         if qsl is None:  # one query per sequence
@@ -261,7 +259,7 @@ def load_backend(name: str):
     Raises :class:`BackendUnavailable` (an ``ImportError``) with the import's own
     message (for cuda it names the ``cuda`` install extra) when it cannot load.
     """
-    module = ATTENTION_BACKENDS[name].module
+    module = ATTENTION_BACKENDS[name].target
     try:
         return importlib.import_module(module)
     except PagedNPError as e:          # the module's own clear refusal: let it through
@@ -299,3 +297,12 @@ __all__ = [
     "paged_attention",
     "validate_paged_attention_inputs",
 ]
+
+
+def __getattr__(name):
+    """``merge_attention_states`` lives in :mod:`.split_k`, imported when first asked for."""
+    if name == "merge_attention_states":
+        from .split_k import merge_attention_states
+
+        return merge_attention_states
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -308,7 +308,7 @@ class DeviceArena(Arena):
 
     def __init__(self, cfg: CacheConfig):
         self.cfg = cfg
-        self.kv_format = cfg.kv_cache_dtype
+        self.kv_format = cfg.kv_format
         self.data = cuda.device_array(cfg.arena_shape, cfg.dtype)    # uninitialised...
         flat = self.data.reshape(self.data.size)
         blocks = max(1, min(1024, -(-flat.size // K.THREADS)))
@@ -366,6 +366,23 @@ class DeviceArena(Arena):
             if self.scales is not None:              # the scales, as pages of head_dim 1
                 K.copy_pages_kernel[grid, K.THREADS](self.scales.reshape(
                     (*self.scales.shape, 1)), src_d, dst_d)
+
+    def read_pages(self, page_ids):
+        """Host copies of whole pages and their scales (the arena crosses to the host:
+        simple, not fast; swap is a host-arena feature)."""
+        pages = self.check_pages(page_ids)
+        scales = None if self.scales is None else self.scales.copy_to_host()[:, :, pages]
+        return self.to_host()[:, :, pages], scales
+
+    def write_slots(self, slots, rows, scales=None) -> None:
+        """Store token rows as given (``Arena.write_slots``), through a host copy."""
+        host = Arena(self.cfg)
+        host.data, host.scales = self.to_host(), (None if self.scales is None
+                                                  else self.scales.copy_to_host())
+        host.write_slots(slots, rows, scales)
+        self.data.copy_to_device(host.data)
+        if self.scales is not None:
+            self.scales.copy_to_device(host.scales)
 
     def to_host(self) -> np.ndarray:
         """A host copy of the whole arena (a device -> host transfer)."""

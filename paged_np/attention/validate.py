@@ -16,12 +16,12 @@ from typing import NamedTuple
 import numpy as np
 
 from ..checks import check_positive_int
-from ..config import KV_DTYPES
 from ..errors import DTypeError, InvalidArgument, InvalidBlockTable, ShapeError
+from ..registry import KV_FORMATS
 
 _INT32_MAX = np.iinfo(np.int32).max
 #: What a page may hold: floats, or the 8-bit codes of kv_cache_dtype int8 / fp8_e4m3 (uint8).
-PAGE_DTYPES = (*KV_DTYPES, np.dtype(np.int8), np.dtype(np.uint8))
+PAGE_DTYPES = tuple(np.dtype(f.storage) for f in KV_FORMATS.values())
 
 
 class PagedAttentionArgs(NamedTuple):

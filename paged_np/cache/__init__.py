@@ -22,10 +22,9 @@ from .arena import Arena
 from .batch import BatchMetadata
 from .eviction import EvictionPolicy, FIFOPolicy, LFUPolicy, LRUPolicy, make_policy
 from .hash_index import CachedPage, HashIndex, hash_page
-from .indexes import make_prefix_index
 from .kv_cache import Event, PagedKVCache
 from .page_pool import PagePool
-from .prefix_index import PrefixIndex
+from .prefix_index import PrefixIndex, make_prefix_index
 from .radix import RadixCache
 from .radix_node import TreeNode
 from .sequence import Sequence

@@ -33,7 +33,6 @@ import numpy as np
 from ..checks import check_int
 from ..config import CacheConfig
 from ..errors import DTypeError, IndexOutOfRange, ShapeError
-from .kv_quant import quantize
 
 
 class Arena:
@@ -45,7 +44,7 @@ class Arena:
         self.data = np.zeros(cfg.arena_shape, dtype=cfg.dtype)
         #: float32 [num_layers, 2, num_pages, Hkv, page_size] for 8-bit pages, else None.
         self.scales = np.ones(cfg.scales_shape, np.float32) if cfg.quantized else None
-        self.kv_format = cfg.kv_cache_dtype
+        self.kv_format = cfg.kv_format
 
     def layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """``(k_pages, v_pages)`` of one layer: views, each [num_pages, Hkv, page_size, D]."""
@@ -71,6 +70,8 @@ class Arena:
         # Advanced indices on axes 0 and 2 with a slice between them put the
         # indexed axis first: data[i, 0][page, :, offset, :] is [n, Hkv, D], like k.
         if self.scales is not None:  # 8-bit: each token's row gets its own scale
+            from .kv_quant import quantize  # the 8-bit formats' plug-in, loaded when used
+
             for kv, x in ((0, k), (1, v)):
                 codes, scale = quantize(x, self.kv_format)  # [n, Hkv, D], [n, Hkv]
                 self.data[i, kv][page, :, offset, :] = codes
@@ -85,7 +86,31 @@ class Arena:
         if self.scales is not None:
             self.scales[:, :, dst] = self.scales[:, :, src]
 
+    def read_pages(self, page_ids) -> tuple[np.ndarray, np.ndarray | None]:
+        """Copies of whole pages as stored: ``[L, 2, n, Hkv, page_size, D]`` and, for 8-bit
+        pages, their scales ``[L, 2, n, Hkv, page_size]`` (else None). Swap reads these."""
+        pages = self.check_pages(page_ids)
+        return self.data[:, :, pages], None if self.scales is None else self.scales[:, :, pages]
+
+    def write_slots(self, slots, rows: np.ndarray, scales: np.ndarray | None = None) -> None:
+        """Store token rows exactly as given, every layer, K and V (nothing re-quantized):
+        ``rows`` [n, L, 2, Hkv, D] in the arena's dtype, ``scales`` [n, L, 2, Hkv]."""
+        slots = self.check_slots(slots)
+        page, offset = slots // self.cfg.page_size, slots % self.cfg.page_size    # [n] each
+        # Advanced indices on axes 2 and 4 with a slice between them put the indexed
+        # axis first: data[:, :, page, :, offset] is [n, L, 2, Hkv, D], like rows.
+        self.data[:, :, page, :, offset] = rows
+        if self.scales is not None:
+            self.scales[:, :, page, :, offset] = scales
+
     # ------------------------------------------------------------- validation
+    def check_pages(self, page_ids) -> np.ndarray:
+        pages = np.asarray(page_ids, dtype=np.int64).reshape(-1)
+        if pages.size and (pages.min() < 0 or pages.max() >= self.cfg.num_pages):
+            raise IndexOutOfRange(f"page_ids must lie in [0, {self.cfg.num_pages}), "
+                                  f"got {pages.tolist()}")
+        return pages
+
     def check_layer(self, layer) -> int:
         return check_int("layer", layer, 0, self.cfg.num_layers)
 

@@ -38,3 +38,38 @@ KINDS = {
 
 #: One entry of ``cache.events``, and what a listener is called with.
 Event = namedtuple("Event", "step kind page_id seq_id")
+
+
+class EventLog:
+    """The clock, the kept events and the listeners of a cache (its base class).
+
+    ``record_events``: keep every event in :attr:`events`. The pool and the
+    prefix index call :meth:`_log` (their ``listener``) for their own events.
+    """
+
+    def __init__(self, record_events: bool = True):
+        self.events: list[Event] = []
+        self.record_events = record_events
+        self.listeners: tuple = ()                   # see add_listener
+        self.clock = 0
+
+    def tick(self) -> int:
+        """Advance the event clock by one step (the engine ticks once per step)."""
+        self.clock += 1
+        return self.clock
+
+    def add_listener(self, fn) -> None:
+        """Call ``fn(event)`` on each later event, logged or not (kinds: :data:`KINDS`)."""
+        self.listeners = (*self.listeners, fn)       # a new tuple: safe to swap any time
+
+    def remove_listener(self, fn) -> None:
+        self.listeners = tuple(f for f in self.listeners if f != fn)
+
+    def _log(self, kind: str, page_id: int, seq_id) -> None:
+        """Record one event (the pool's and the index's listener too); tell the listeners."""
+        if self.record_events or self.listeners:
+            event = Event(self.clock, kind, page_id, seq_id)
+            if self.record_events:
+                self.events.append(event)
+            for fn in self.listeners:
+                fn(event)

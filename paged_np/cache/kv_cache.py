@@ -17,7 +17,7 @@ and the attention backend's ``reshape_and_cache``; no scheduler here
 (:mod:`paged_np.engine.scheduler`), no GPU/CPU split, no hybrid cache.
 
 The prefix cache is a :class:`~paged_np.cache.prefix_index.PrefixIndex`,
-built by :func:`~paged_np.cache.indexes.make_prefix_index` from
+built by :func:`~paged_np.cache.prefix_index.make_prefix_index` from
 ``CacheConfig.prefix_cache``: vLLM's hash chain or SGLang's radix tree, behind
 the same calls. ``add_sequence`` matches a prefix and locks it,
 ``append_tokens`` inserts newly full pages (moving the lock to the longer
@@ -27,6 +27,11 @@ the live sequence's path until the sequence ends.
 
 A scheduler asks first (:meth:`PagedKVCache.num_pages_needed`, ``can_allocate``,
 ``num_available_pages``); then ``allocate_slots`` cannot raise ``OutOfPages``.
+
+Two seams (``docs/design.md``, "Seams") are methods a subclass may replace,
+registered in :data:`paged_np.registry.KV_CACHES` and chosen by
+``EngineConfig.kv_cache``: :meth:`allocate_slots` (slot allocation) and
+:meth:`copy_on_write` (what a write into a shared page does).
 """
 
 from __future__ import annotations
@@ -44,18 +49,18 @@ from ..errors import (
     StalePage,
     UnknownSequence,
 )
-from .arena import Arena
+from ..registry import DEVICES
 from .batch import BatchMetadata
-from .events import Event
-from .indexes import make_prefix_index
+from .events import Event, EventLog
 from .invariants import check_cache_invariants
 from .page_pool import CACHED, PagePool
+from .prefix_index import make_prefix_index
 from .sequence import Sequence, slots_of
 
 __all__ = ["BatchMetadata", "Event", "PagedKVCache"]
 
 
-class PagedKVCache:
+class PagedKVCache(EventLog):
     """A paged KV cache over one preallocated arena.
 
     Parameters
@@ -65,6 +70,7 @@ class PagedKVCache:
     record_events : bool
         Keep the ``events`` log (for drawings). Turn it off for long runs.
     device : str
+        Where the arena lives, a name of :data:`paged_np.registry.DEVICES`:
         ``"cpu"`` (a NumPy arena) or ``"cuda"`` (a numba device arena, see
         :class:`paged_np.attention.numba_cuda.DeviceArena`).
 
@@ -81,26 +87,18 @@ class PagedKVCache:
     def __init__(self, cfg: CacheConfig, record_events: bool = True, device: str = "cpu"):
         if not isinstance(cfg, CacheConfig):
             raise DTypeError(f"cfg must be a CacheConfig, got {type(cfg).__name__}")
-        if device not in ("cpu", "cuda"):
-            raise InvalidArgument(f"device must be 'cpu' or 'cuda', got {device!r}")
         self.cfg = cfg
         self.page_size = cfg.page_size
         self.device = device
-        if device == "cuda":  # the arena as a device array; raises CudaUnavailable without one
-            from ..attention.numba_cuda import DeviceArena
-            self._arena = DeviceArena(cfg)
-        else:
-            self._arena = Arena(cfg)
+        # The arena (a device arena raises CudaUnavailable where there is no GPU).
+        self._arena = DEVICES.load(DEVICES.check(device, "device"))(cfg)
         #: The prefix cache (hash chain or radix tree); the pool asks it for victims.
         self.prefix_index = make_prefix_index(cfg)
         self.pool = PagePool(cfg.num_pages, cfg.page_size, self.prefix_index)
         # The pool and the index record their own events, naming the sequence they act for.
         self.pool.listener = self.prefix_index.listener = self._log
         self._seqs: dict[object, Sequence] = {}
-        self.events: list[Event] = []
-        self.record_events = record_events
-        self.listeners: tuple = ()                   # see add_listener
-        self.clock = 0
+        EventLog.__init__(self, record_events)
         self._hits = 0
         self._queries = 0
         self._cow_copies = 0
@@ -127,6 +125,17 @@ class PagedKVCache:
     def write_kv(self, layer: int, slots, k: np.ndarray, v: np.ndarray) -> None:
         """Write ``k, v`` ([n, num_kv_heads, head_dim]) into ``slots`` (int64 [n])."""
         self._arena.write(layer, slots, k, v)
+
+    def read_pages(self, page_ids) -> tuple:
+        """Copies of pages as stored, every layer: ``[L, 2, n, Hkv, page_size, D]`` and
+        their scales (8-bit pages) or None. With :meth:`write_slots`, how KV moves out
+        of the arena and back (swap, tiers) without touching :attr:`arena`."""
+        return self._arena.read_pages(page_ids)
+
+    def write_slots(self, slots, rows: np.ndarray, scales=None) -> None:
+        """Store token rows exactly as read (``rows`` [n, L, 2, Hkv, D], ``scales``
+        [n, L, 2, Hkv] or None): nothing is quantized twice."""
+        self._arena.write_slots(slots, rows, scales)
 
     # ------------------------------------------------------------- sequences
     def add_sequence(self, seq_id, prompt, extra_key=None) -> int:
@@ -215,17 +224,26 @@ class PagedKVCache:
         # Commit: nothing below can fail.
         fresh = self.pool.allocate_many(n_new, seq_id) if n_new else ()
         for i, dst in zip(cow, fresh):
-            src = bt[i]
-            self._arena.copy_page(src, dst)
-            bt[i] = dst
-            self.pool.free(src, seq_id)  # drop our reference to the shared page
-            self._cow_copies += 1
-            self._log("cow", dst, seq_id)
+            self.copy_on_write(seq, i, dst)
         bt.extend(fresh[len(cow):])
         while len(bt) > pages_needed:  # an earlier, larger pending call left spare pages
             self.pool.free(bt.pop(), seq_id)
         seq.num_pending = n
         return slots_of(bt, start, n, ps)
+
+    def copy_on_write(self, seq: Sequence, i: int, dst: int) -> None:
+        """Give ``seq`` its own copy of its shared page ``i`` in the fresh page ``dst``.
+
+        The seam of copy-on-write: the page's K/V (every layer, scales too) is
+        copied, the block table points at the copy, and ``seq``'s reference to
+        the shared page is dropped (its other holders keep it).
+        """
+        src = seq.block_table[i]
+        self._arena.copy_page(src, dst)
+        seq.block_table[i] = dst
+        self.pool.free(src, seq.seq_id)  # drop our reference to the shared page
+        self._cow_copies += 1
+        self._log("cow", dst, seq.seq_id)
 
     def _last_page_has_room(self, seq: Sequence) -> bool:
         """The next token goes into the sequence's last page, which only it holds."""
@@ -402,11 +420,6 @@ class PagedKVCache:
         out.update(self.prefix_index.stats())  # indexed_pages, and radix_* for the tree
         return out
 
-    def tick(self) -> int:
-        """Advance the event clock by one step (the engine ticks once per step)."""
-        self.clock += 1
-        return self.clock
-
     def mark_used(self, page_id: int) -> None:
         """Mark a CACHED page as just used: under LRU it moves to the young end
         (with the tree, its whole path does). Not vLLM's ``touch``, which takes a
@@ -431,20 +444,3 @@ class PagedKVCache:
             raise DTypeError(f"{name} must be a str or int, got {type(seq_id).__name__}")
         if seq_id in self._seqs:
             raise DuplicateSequence(f"{name} {seq_id!r} is already in the cache")
-
-    def add_listener(self, fn) -> None:
-        """Call ``fn(event)`` on each later event, logged or not (:mod:`.events`)."""
-        self.listeners = (*self.listeners, fn)       # a new tuple: safe to swap any time
-
-    def remove_listener(self, fn) -> None:
-        self.listeners = tuple(f for f in self.listeners if f != fn)
-
-    def _log(self, kind: str, page_id: int, seq_id) -> None:
-        """Record one event (the pool's and the index's listener too); tell the listeners."""
-        if self.record_events or self.listeners:
-            event = Event(self.clock, kind, page_id, seq_id)
-            if self.record_events:
-                self.events.append(event)
-            for fn in self.listeners:
-                fn(event)
-

@@ -51,11 +51,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import KV_CACHE_DTYPES, QMAX, kv_format
+from ..config import kv_format
 from ..errors import DTypeError, InvalidArgument
+from ..registry import KV_FORMATS
 
-__all__ = ["FP8_E4M3", "KV_CACHE_DTYPES", "QMAX", "dequantize", "format_of_pages",
-           "fp8_e4m3_encode", "kv_format", "quantize", "to_float32"]
+__all__ = ["FP8_E4M3", "dequantize", "format_of_pages", "fp8_e4m3_encode", "kv_format",
+           "quantize", "to_float32"]
 
 def _fp8_e4m3_table() -> np.ndarray:
     """float32 [256]: the value of every e4m3 bit pattern (``0x7F``, ``0xFF``: NaN)."""
@@ -76,8 +77,7 @@ _FP8_POSITIVE = FP8_E4M3[:0x7F].astype(np.float64)  # codes 0..126, ascending: 0
 
 def format_of_pages(dtype) -> str:
     """The format of pages stored as ``dtype``: uint8 pages are fp8 e4m3."""
-    dt = np.dtype(dtype)
-    return "fp8_e4m3" if dt == np.uint8 else kv_format(dt)
+    return kv_format(np.dtype(dtype))
 
 
 def fp8_e4m3_encode(y: np.ndarray) -> np.ndarray:
@@ -97,11 +97,12 @@ def quantize(x: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
     One scale per row (a token's ``head_dim`` values of one kv head).
     An all-zero row gets scale 1 and codes 0.
     """
-    if fmt not in QMAX:
-        raise InvalidArgument(f"quantize: format must be one of {tuple(QMAX)}, got {fmt!r}")
+    top = KV_FORMATS[fmt].qmax if isinstance(fmt, str) and fmt in KV_FORMATS else None
+    if top is None:
+        raise InvalidArgument(f"quantize: format must be an 8-bit KV format, got {fmt!r}")
     x = np.asarray(x, dtype=np.float32)
     amax = np.abs(x).max(axis=-1)                                # [...]
-    scale = np.where(amax > 0, amax / np.float32(QMAX[fmt]), 1).astype(np.float32)  # [...]
+    scale = np.where(amax > 0, amax / np.float32(top), 1).astype(np.float32)  # [...]
     y = x / scale[..., None]                                     # [..., D] in [-QMAX, QMAX]
     if fmt == "int8":
         q = np.clip(np.rint(y), -127, 127).astype(np.int8)       # [..., D]

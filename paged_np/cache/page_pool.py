@@ -31,7 +31,7 @@ from typing import Callable
 
 from ..checks import check_int, check_positive_int
 from ..errors import DTypeError, OutOfPages, StalePage
-from .hash_index import HashIndex
+from ..registry import PREFIX_INDEXES
 from .prefix_index import PrefixIndex
 
 FREE, IN_USE, CACHED = "free", "in_use", "cached"
@@ -48,7 +48,7 @@ class PagePool:
         Token slots per page (the pool only reports it; it never looks inside).
     prefix_index : PrefixIndex, optional
         The index of cached pages (built by
-        :func:`~paged_np.cache.indexes.make_prefix_index`); a hash chain with
+        :func:`~paged_np.cache.prefix_index.make_prefix_index`); a hash chain with
         LRU eviction when omitted. The pool asks it for victims.
 
     Notes
@@ -71,7 +71,9 @@ class PagePool:
         if prefix_index is not None and not isinstance(prefix_index, PrefixIndex):
             raise DTypeError(
                 f"prefix_index must be a PrefixIndex, got {type(prefix_index).__name__}")
-        self.prefix_index = HashIndex(page_size) if prefix_index is None else prefix_index
+        if prefix_index is None:                          # the default index, vLLM's
+            prefix_index = PREFIX_INDEXES.load("hash")(page_size)
+        self.prefix_index = prefix_index
         self._ref = [0] * self.num_pages  # ref_count per page
         # Stack of FREE pages; popping from the end hands out page 0 first.
         self._free = list(range(self.num_pages - 1, -1, -1))

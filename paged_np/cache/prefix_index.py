@@ -9,8 +9,8 @@ Two data structures find the cached prefix of a prompt:
 
 Both implement this one interface (SGLang's ``BasePrefixCache`` idea), so the
 page pool and :class:`~paged_np.PagedKVCache` never ask which one they hold;
-:func:`~paged_np.cache.indexes.make_prefix_index` is the only place that
-reads ``CacheConfig.prefix_cache``.
+:func:`make_prefix_index` is the only place that reads ``CacheConfig.prefix_cache``
+(a name of :data:`paged_np.registry.PREFIX_INDEXES`, where a third index is registered).
 
 Who owns what: the index knows which pages hold which tokens and which of
 them may be evicted; the page pool (:mod:`.page_pool`) owns the reference
@@ -47,6 +47,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from typing import Callable
+
+from ..registry import PREFIX_INDEXES
 
 
 class PrefixIndex(ABC):
@@ -151,3 +153,13 @@ class PrefixIndex(ABC):
     def _emit(self, kind: str, page: int, seq_id) -> None:
         if self.listener is not None:
             self.listener(kind, page, seq_id)
+
+
+def make_prefix_index(cfg) -> PrefixIndex:
+    """A fresh index of the class ``cfg.prefix_cache`` names, ranked by ``cfg.eviction_policy``.
+
+    ``"hash"``: vLLM's page-hash chain; ``"radix"``: SGLang's radix tree; or
+    any class registered in :data:`~paged_np.registry.PREFIX_INDEXES`
+    (imported only when chosen).
+    """
+    return PREFIX_INDEXES.load(cfg.prefix_cache)(cfg.page_size, cfg.eviction_policy)

@@ -27,7 +27,7 @@ import numba
 import numpy as np
 
 from ..cache.kv_quant import dequantize, quantize
-from ..config import KV_CACHE_DTYPES, CacheConfig
+from ..config import CacheConfig, storage_dtype
 from .bench_case import HKV, B, D, H, make_decode_case
 from .machine import best_time, cpu_model, isa_info, settle
 
@@ -46,8 +46,8 @@ def pages_per_mib(fmt: str, num_layers: int, num_kv_heads: int, head_dim: int,
 
 def _pages(fmt: str, k: np.ndarray, v: np.ndarray):
     """``(k_pages, v_pages, scales kwargs)`` of float32 pages stored in ``fmt``."""
-    if fmt in ("auto", "float16"):
-        dt = KV_CACHE_DTYPES[fmt]
+    if CacheConfig(num_pages=1, dtype=fmt).quantized is False:    # a float format
+        dt = storage_dtype(fmt)
         return k.astype(dt), v.astype(dt), {}
     (kq, ks), (vq, vs) = quantize(k, fmt), quantize(v, fmt)
     return kq, vq, {"k_scales": ks, "v_scales": vs}

@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def runs_from_args(args, parser) -> list:
     """The runs to evaluate: the reference, the flags' config if it differs, then sweeps."""
-    from ..config import EngineConfig
+    from ..engine.config import EngineConfig
     from ..engine.perplexity import EvalRun
     from ..errors import PagedNPError
 

@@ -24,7 +24,7 @@ import argparse
 import dataclasses
 import json
 
-from ..config import EngineConfig
+from ..engine.config import EngineConfig
 from ..registry import backend_names
 
 #: The two ways to size the cache; a command gives a default for one of them at most.

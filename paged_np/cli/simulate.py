@@ -22,7 +22,7 @@ import argparse
 import json
 import time
 
-from ..config import KV_CACHE_DTYPES
+from ..registry import KV_FORMATS
 
 
 def parse_args(argv):
@@ -35,7 +35,7 @@ def parse_args(argv):
     ap.add_argument("--prefix-cache", action="store_true",
                     help="instead: hash chain vs radix tree, fcfs vs lpm (see sim/prefix.py)")
     ap.add_argument("--markdown", metavar="PATH", help="--prefix-cache: write the table here")
-    ap.add_argument("--kv-cache-dtype", default="float16", choices=list(KV_CACHE_DTYPES),
+    ap.add_argument("--kv-cache-dtype", default="float16", choices=KV_FORMATS,
                     help="the KV format of the memory breakdown's 12 GiB (default float16, "
                          "the paper's): it sets the bytes of a page and so the token slots")
     return ap.parse_args(argv)
@@ -71,11 +71,10 @@ def main(argv: list[str]) -> int:
     from ..sim.plot import plot_all, report
 
     t0 = time.perf_counter()
-    for fmt in KV_CACHE_DTYPES:                  # each format's page, and the slots it leaves
-        if fmt != "auto":
-            print(f"{fmt:>9}: {simulate.page_bytes(fmt):>9,} bytes per 16-token page of OPT-13B,"
-                  f" {simulate.kv_slots(fmt):>6,} token slots in 12 GiB"
-                  + ("   <- this run" if fmt == args.kv_cache_dtype else ""))
+    for fmt in KV_FORMATS:                       # each format's page, and the slots it leaves
+        print(f"{fmt:>9}: {simulate.page_bytes(fmt):>9,} bytes per 16-token page of OPT-13B,"
+              f" {simulate.kv_slots(fmt):>6,} token slots in 12 GiB"
+              + ("   <- this run" if fmt == args.kv_cache_dtype else ""))
     res = simulate.run(args.seed, args.quick, kv_cache_dtype=args.kv_cache_dtype)
     print(report(res))
     print(f"({time.perf_counter() - t0:.1f} s)")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..models.llama import ForwardBatch
-from .logprobs import prompt_rows
 
 
 def build_batch(scheduled, cache) -> tuple[ForwardBatch, list]:
@@ -36,7 +35,7 @@ def build_batch(scheduled, cache) -> tuple[ForwardBatch, list]:
         ends.append(s.num_tokens + len(drafts))                  # ... input, k drafts
         tokens += s.tokens(c, c + n - len(drafts)) + drafts
         n_logits.append(1 + len(drafts))                         # rows if it samples
-        m = prompt_rows(s, c, n)                                 # positions to score
+        m = s.prompt_logprob_rows(c, n)                          # positions to score
         if m:
             first = max(c, len(s.parent.output.prompt_logprobs) - 1)  # the first unrecorded
             prompt.append((s, m))

@@ -6,7 +6,7 @@
                         max_num_batched_tokens=256)
     outs = engine.generate(prompts, pnp.SamplingParams(max_tokens=16, temperature=0))
 
-Every option is a field of :class:`~paged_np.config.EngineConfig` (vLLM's
+Every option is a field of :class:`~paged_np.engine.config.EngineConfig` (vLLM's
 ``EngineArgs``): pass them as keywords, or pass ``config=`` (and keywords
 replace its fields). The engine builds the cache and the scheduler from it.
 
@@ -25,7 +25,7 @@ step, so the batch never waits for its longest member. A step is
    left behind, sample the next token of every sequence that reached the end
    of what it knows, fork ``n > 1`` requests after their prompt, finish
    sequences that hit a stop token or ``max_tokens``. A request scheduled with
-   drafts (``speculative_config``) is verified instead (:meth:`Engine._verify`):
+   drafts (``speculative_config``) is verified instead (:mod:`.speculation`):
    only its accepted tokens are appended, the rest rolled back.
 
 Who owns what (:mod:`paged_np.engine.request`): the engine keeps one
@@ -49,24 +49,18 @@ import types
 
 import numpy as np
 
-from ..cache.kv_cache import PagedKVCache
 from ..checks import as_token_ids, check_int
-from ..config import PREEMPTION_MODES, EngineConfig
 from ..errors import DTypeError, InvalidArgument, UnknownRequest
 from ..models.llama import LlamaModel
-from ..registry import backend_names
+from ..registry import ENGINE_STEPS, KV_CACHES, SAMPLERS, SCHEDULERS
 from .batching import build_batch
-from .logprobs import append_sample_logprobs, record_prompt_logprobs
+from .config import EngineConfig
 from .outputs import RequestOutput, SampleOutput
-from .rejection import rejection_sample
 from .request import ParentRequest, Request
-from .sampling import SamplingParams, make_rng, sample_tokens
-from .scheduler import Scheduler
+from .sampling import SamplingParams, make_rng
 from .stats import EngineStats
 
-#: Kept for the commands that still import them from here: the config and the registry own them.
-ENGINE_BACKENDS = backend_names(engine=True)
-__all__ = ["ENGINE_BACKENDS", "PREEMPTION_MODES", "Engine"]
+__all__ = ["Engine", "continuous_batching_step"]
 
 
 class Engine:
@@ -102,12 +96,17 @@ class Engine:
             raise DTypeError(f"Engine: model must be a LlamaModel, got {type(model).__name__}")
         self.config = cfg = EngineConfig.from_options(config, **options)
         self.model = model
-        self.cache = PagedKVCache(cfg.cache_config(model.cfg), record_events=cfg.record_events)
+        # The seams (docs/design.md): each is the registry entry its option names.
+        self.cache = KV_CACHES.load(cfg.kv_cache)(cfg.cache_config(model.cfg),
+                                                  record_events=cfg.record_events)
         refusal = self.cache.prefix_index.no_sliding_window
         if model.cfg.sliding_window is not None and refusal:
             raise InvalidArgument(f"Engine: prefix_cache={cfg.prefix_cache!r} cannot serve a "
                                   f"sliding-window model: {refusal}")
-        self.scheduler = Scheduler(self.cache, cfg, model.cfg.sliding_window)
+        self.scheduler = SCHEDULERS.load(cfg.scheduler)(self.cache, cfg,
+                                                         model.cfg.sliding_window)
+        self.sampler = SAMPLERS.load(cfg.sampler)        # (logits, params, rngs) -> ids
+        self._step = ENGINE_STEPS.load(cfg.engine_step)  # (engine) -> finished outputs
         self._requests: dict = {}                      # unfinished, by request id
         self.requests = types.MappingProxyType(self._requests)
         self._done: list[RequestOutput] = []           # finished outside a step (errors)
@@ -247,31 +246,26 @@ class Engine:
 
     # ---------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
-        """One scheduling round and one forward pass; returns requests finished now."""
-        t0 = time.perf_counter()
-        sched = self.scheduler.schedule()
-        self._record_admissions(sched.admitted)
-        for req, reason in sched.failed:
-            self._finish_seq(req, "error", reason)
-        batch, prompt = build_batch(sched.scheduled, self.cache) if sched.scheduled else (
-            None, [])
-        t1 = time.perf_counter()
-        if batch is not None:
-            logits = self.model.forward(batch, self.cache,
-                                        backend=self.config.backend)   # [S, V]
-        t2 = time.perf_counter()
-        if batch is not None:
-            row = record_prompt_logprobs(prompt, logits, self._logits_listeners)  # rows first
-            self._postprocess(sched.scheduled, logits[row:])
-        t3 = time.perf_counter()
-        self._stats.record_step(t1 - t0, t2 - t1, t3 - t2,
-                                sum(n for _, n, _ in sched.scheduled),
-                                self.scheduler, self.cache)
-        self.cache.tick()
+        """One scheduling round and one forward pass; returns requests finished now.
+
+        The step itself is a seam: ``EngineConfig.engine_step`` names a function
+        ``fn(engine) -> list[RequestOutput]`` (:func:`continuous_batching_step`).
+        """
+        return self._step(self)
+
+    def take_finished(self) -> list[RequestOutput]:
+        """The requests finished since the last call (each handed back once)."""
         done, self._done = self._done, []
         return done
 
-    def _record_admissions(self, admitted) -> None:
+    def record_step(self, schedule_s: float, model_s: float, sample_s: float,
+                    num_tokens: int) -> None:
+        """Count one step's tokens and times (for :attr:`metrics`) and tick the cache."""
+        self._stats.record_step(schedule_s, model_s, sample_s, num_tokens,
+                                self.scheduler, self.cache)
+        self.cache.tick()
+
+    def record_admissions(self, admitted) -> None:
         """Turn the scheduler's report of prefix hits into outputs and hit rates.
 
         A request's first admission serves its prompt (counted in the prefix
@@ -287,8 +281,16 @@ class Engine:
                 req.parent.output.num_cached_prompt_tokens = n_hit
                 self._stats.count_prompt(n_known, n_hit)
 
-    def _postprocess(self, scheduled, logits) -> None:
-        """Record written tokens, release window pages, sample or verify, fork, finish."""
+    def postprocess(self, scheduled, logits, prompt=()) -> None:
+        """Record written tokens, release window pages, sample or verify, fork, finish.
+
+        ``logits`` float32 [S, V] from the model; its first rows are the
+        prompt-logprob rows that ``prompt`` (from :func:`build_batch`) lists.
+        """
+        if prompt:                 # prompt logprobs: a plug-in, loaded when asked for
+            from .logprobs import record_prompt_logprobs
+
+            logits = logits[record_prompt_logprobs(prompt, logits, self._logits_listeners):]
         cache, sched = self.cache, self.scheduler
         rows, row_seqs, verify = [], [], []                      # logits row per sampler
         row = 0
@@ -308,33 +310,19 @@ class Engine:
                 rows.append(row)
                 row_seqs.append(child)
             row += 1
-        for req, first in verify:
-            self._verify(req, logits[first:first + 1 + len(req.spec_token_ids)])
+        for req, first in verify:                                # speculation's plug-in
+            rows_k = logits[first:first + 1 + len(req.spec_token_ids)]  # [1 + k, V]
+            self._emit(req, sched.speculator.verify(self, req, rows_k), rows_k)
         if not row_seqs:
             return
-        tokens = sample_tokens(logits[rows], [s.parent.params for s in row_seqs],
-                               [s.rng for s in row_seqs])        # [S'] int64
+        tokens = self.sampler(logits[rows], [s.parent.params for s in row_seqs],
+                              [s.rng for s in row_seqs])         # [S'] int64
         for req, row, tok in zip(row_seqs, rows, tokens.tolist()):
             self._emit(req, [tok], logits[row:row + 1])
 
-    def _verify(self, req: Request, rows: np.ndarray) -> None:
-        """Keep the drafts the target model agrees with, roll the cache back to them.
-
-        ``rows`` float32 [1 + k, V]. Only verified tokens reach the cache: the
-        input token and the accepted drafts are appended (so only they are
-        ever hashed or inserted into the prefix index), then the slots of the
-        rejected drafts are dropped and pages wholly past them freed.
-        """
-        drafts = req.spec_token_ids
-        out = rejection_sample(rows, drafts, None, req.parent.params, req.rng)
-        accepted = len(out) - 1
-        c = req.num_computed_tokens
-        self.cache.append_tokens(req.seq_id, req.tokens(c, c + 1) + drafts[:accepted])
-        self.cache.discard_pending(req.seq_id)
-        self.scheduler.release_outside_window(req)
-        self.scheduler.record_drafts(req, len(drafts), accepted)
-        self._stats.count_drafts(len(drafts), accepted)
-        self._emit(req, out, rows)
+    def count_drafts(self, num_drafted: int, num_accepted: int) -> None:
+        """Speculation's verdict on one request's drafts, for :attr:`metrics`."""
+        self._stats.count_drafts(num_drafted, num_accepted)
 
     def _emit(self, req: Request, tokens: list, rows: np.ndarray) -> None:
         """Append a step's tokens to the sample, up to a stop token or ``max_tokens``.
@@ -356,6 +344,8 @@ class Engine:
         for i, fn in itertools.product(range(len(kept)), self._logits_listeners):
             fn(req.parent.request_id, sample.index, pos + i, rows[i])
         if params.logprobs is not None:
+            from .logprobs import append_sample_logprobs
+
             append_sample_logprobs(sample, rows[:len(kept)], kept, params.logprobs)
         sample.token_ids += kept                                 # the one list of its tokens
         self._stats.generated_tokens += len(kept)
@@ -393,6 +383,10 @@ class Engine:
         return children
 
     # ------------------------------------------------------------ finishing
+    def fail(self, req: Request, reason: str) -> None:
+        """End a sequence the scheduler found can never run (its error says why)."""
+        self._finish_seq(req, "error", reason)
+
     def _finish_seq(self, req: Request, reason: str, error: str | None = None) -> None:
         self.scheduler.remove(req)
         req.sample.finish_reason = reason
@@ -440,3 +434,29 @@ class Engine:
         :meth:`EngineStats.snapshot <paged_np.engine.stats.EngineStats.snapshot>`."""
         return self._stats.snapshot(self.scheduler, self.cache)
 
+
+def continuous_batching_step(engine: Engine) -> list[RequestOutput]:
+    """The engine step (the default of ``EngineConfig.engine_step``), in four parts.
+
+    1. schedule: each sequence's tokens and slots (admitting, preempting);
+    2. build the batch: the scheduled tokens as one varlen batch;
+    3. run the model over it: logits where a token is sampled;
+    4. post-process: append written tokens, sample, fork, finish.
+    """
+    t0 = time.perf_counter()
+    sched = engine.scheduler.schedule()                             # 1
+    engine.record_admissions(sched.admitted)
+    for req, reason in sched.failed:
+        engine.fail(req, reason)
+    num_tokens = sum(n for _, n, _ in sched.scheduled)
+    if sched.scheduled:
+        batch, prompt = build_batch(sched.scheduled, engine.cache)  # 2
+        t1 = time.perf_counter()
+        logits = engine.model.forward(batch, engine.cache,
+                                      backend=engine.config.backend)  # 3: [S, V]
+        t2 = time.perf_counter()
+        engine.postprocess(sched.scheduled, logits, prompt)         # 4
+    else:
+        t1 = t2 = time.perf_counter()
+    engine.record_step(t1 - t0, t2 - t1, time.perf_counter() - t2, num_tokens)
+    return engine.take_finished()

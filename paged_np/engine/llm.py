@@ -13,7 +13,7 @@ token ids only. It adds what a caller holding text needs:
 1. **tokenize** the prompt (a string), or render a conversation through the
    checkpoint's chat template first (:meth:`LLM.chat`);
 2. **size the cache once**: every engine option
-   (:class:`~paged_np.config.EngineConfig`'s fields: ``kv_cache_memory`` or
+   (:class:`~paged_np.engine.config.EngineConfig`'s fields: ``kv_cache_memory`` or
    ``num_pages``, ``prefix_cache``, ``schedule``, ``preemption_mode``, ...)
    goes into the one config the engine reads; ``kv_cache_memory`` bytes become
    pages there (:attr:`CacheConfig.bytes_per_page`);
@@ -61,7 +61,7 @@ from pathlib import Path
 import numpy as np
 
 from ..checks import check_int
-from ..config import EngineConfig
+from .config import EngineConfig
 from ..errors import DTypeError, InvalidArgument, UnknownRequest
 from .engine import Engine
 from .logprobs import fill_decoded
@@ -103,7 +103,7 @@ class LLM:
     tokenizer : a :class:`~paged_np.models.tokenizer.Tokenizer` (default: the checkpoint's).
     seed : default seed for sampling params that have none (reproducible runs).
     verbose : print the arena's size.
-    config : an :class:`~paged_np.config.EngineConfig`, optional.
+    config : an :class:`~paged_np.engine.config.EngineConfig`, optional.
     quantization : how a loaded checkpoint's weights are held: ``"gguf"`` (default:
         a ``.gguf`` file's quantized blocks, multiplied by :mod:`paged_np.quant`),
         ``"gguf_a8"`` (the same blocks times int8-quantized inputs, llama.cpp's

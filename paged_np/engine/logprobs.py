@@ -25,7 +25,7 @@ the engine works on ids and leaves it ``None``.
 Prompt logprobs need logits at every prompt position, where a plain step
 computes them only where a token is sampled: the engine asks the model for
 those rows too (``ForwardBatch.logits_indices``, see
-:func:`prompt_rows`). A request that wants them computes every prompt token:
+``Request.prompt_logprob_rows``). A request that wants them computes every prompt token:
 it skips the prefix cache until its prompt's logprobs are all recorded (as
 vLLM does), and a position computed twice (recomputed after a preemption)
 is recorded once.
@@ -92,24 +92,6 @@ def logprob_dicts(logits: np.ndarray, token_ids, k: int) -> list[dict]:
     return out
 
 
-def prompt_rows(req, start: int, count: int) -> int:
-    """How many logits rows ``req`` needs for prompt logprobs in a chunk.
-
-    The chunk computes positions ``[start, start + count)``; position ``i``
-    scores prompt token ``i + 1``. Rows are wanted for the positions whose
-    token is a prompt token not yet recorded: ``[first, min(start + count,
-    P - 1))``, where ``first`` is the first unrecorded position. Returns the
-    number of rows; they start at position ``max(start, first)``.
-    """
-    k = req.parent.params.prompt_logprobs
-    if k is None or req.sample.index != 0:
-        return 0
-    recorded = req.parent.output.prompt_logprobs                 # [None, dict, ...]
-    first = max(start, len(recorded) - 1)                        # next position to score
-    last = min(start + count, len(req.parent.prompt) - 1)
-    return max(0, last - first)
-
-
 def record_prompt_logprobs(prompt: list, logits: np.ndarray, listeners=()) -> int:
     """Append the prompt logprobs of a step; returns the number of rows they used.
 
@@ -130,19 +112,6 @@ def record_prompt_logprobs(prompt: list, logits: np.ndarray, listeners=()) -> in
         recorded += logprob_dicts(rows, targets, req.parent.params.prompt_logprobs)
         row += m
     return row
-
-
-def servable_prefix(req) -> int:
-    """How many of ``req``'s first tokens the prefix cache may be asked to serve.
-
-    All of them, unless the request still scores its prompt: then only the
-    positions it has scored, plus the one after (the cache keeps the last
-    token it is given for computing): a new request gets no hit.
-    """
-    recorded = req.parent.output.prompt_logprobs
-    if recorded is None or len(recorded) >= len(req.parent.prompt):
-        return req.num_tokens
-    return len(recorded)                                         # positions scored + 1
 
 
 def append_sample_logprobs(sample, rows: np.ndarray, tokens: list, k: int) -> None:

@@ -115,3 +115,33 @@ class Request:
     def seats(self) -> int:
         """Running seats it takes: itself plus the siblings it will fork."""
         return 1 + self.pending_fork
+
+    # ------------------------------------------------------ prompt logprobs
+    def prompt_logprob_rows(self, start: int, count: int) -> int:
+        """How many logits rows this sample needs for prompt logprobs in a chunk.
+
+        The chunk computes positions ``[start, start + count)``; position ``i``
+        scores prompt token ``i + 1``. Rows are wanted for the positions whose
+        token is a prompt token not yet recorded: ``[first, min(start + count,
+        P - 1))``, where ``first`` is the first unrecorded position. Returns the
+        number of rows; they start at position ``max(start, first)``.
+        """
+        if self.parent.params.prompt_logprobs is None or self.sample.index != 0:
+            return 0
+        recorded = self.parent.output.prompt_logprobs                # [None, dict, ...]
+        first = max(start, len(recorded) - 1)                        # next position to score
+        last = min(start + count, len(self.parent.prompt) - 1)
+        return max(0, last - first)
+
+    def servable_prefix(self) -> int:
+        """How many first tokens the prefix cache may be asked to serve.
+
+        All of them, unless the request still scores its prompt
+        (``prompt_logprobs``): then only the positions it has scored, plus the
+        one after (the cache keeps the last token it is given for computing):
+        a new request gets no hit, as in vLLM.
+        """
+        recorded = self.parent.output.prompt_logprobs
+        if recorded is None or len(recorded) >= len(self.parent.prompt):
+            return self.num_tokens
+        return len(recorded)                                         # positions scored + 1

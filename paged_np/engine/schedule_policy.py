@@ -14,13 +14,14 @@ every ranked request (starving requests among themselves keep arrival
 order). A request therefore waits at most ``max_skips`` admissions plus
 those of the starving requests ahead of it: the delay is bounded.
 
-The engine's scheduler (:mod:`.scheduler`) calls :func:`admission_order`; the
-prefix-cache simulation (:mod:`paged_np.sim.prefix`) drives that same scheduler.
+Each order is a function with one signature, registered by name in
+:data:`paged_np.registry.SCHEDULES` (``EngineConfig.schedule``); the engine's
+scheduler (:mod:`.scheduler`) calls the one chosen, and the prefix-cache
+simulation (:mod:`paged_np.sim.prefix`) drives that same scheduler.
 """
 
 from __future__ import annotations
 
-SCHEDULES = ("fcfs", "lpm")
 #: Admissions a waiting request may be passed over by under ``lpm`` before it goes first.
 MAX_SKIPS = 32
 #: ``lpm`` ranks only this many requests at the head of the queue (SGLang falls
@@ -28,16 +29,22 @@ MAX_SKIPS = 32
 LPM_WINDOW = 128
 
 
-def admission_order(num_waiting: int, schedule: str, prefix_len, skipped,
-                    max_skips: int = MAX_SKIPS, window: int = LPM_WINDOW) -> list[int]:
-    """Positions ``0..num_waiting-1`` of the waiting queue (arrival order), in admission order.
+def fcfs(num_waiting: int, prefix_len=None, skipped=None, max_skips: int = MAX_SKIPS,
+         window: int = LPM_WINDOW) -> list[int]:
+    """Arrival order: positions ``0..num_waiting-1`` of the waiting queue as they stand."""
+    return list(range(num_waiting))
+
+
+def lpm(num_waiting: int, prefix_len, skipped, max_skips: int = MAX_SKIPS,
+        window: int = LPM_WINDOW) -> list[int]:
+    """Positions ``0..num_waiting-1`` of the waiting queue (arrival order), longest
+    cached prefix first, starving requests before all.
 
     ``prefix_len(i)`` gives the cached prefix tokens of request ``i``,
     ``skipped(i)`` the admissions made since it arrived; both are called only
-    under ``lpm`` and only for the first ``window`` requests (the rest follow
-    in arrival order).
+    for the first ``window`` requests (the rest follow in arrival order).
     """
-    if schedule == "fcfs" or num_waiting <= 1:
+    if num_waiting <= 1:
         return list(range(num_waiting))
     head = range(min(num_waiting, window))
     starving = [i for i in head if skipped(i) > max_skips]

@@ -40,7 +40,7 @@ Preemption comes in two flavours (``preemption_mode``):
   or the model uses a sliding window, the victim is recomputed instead.
 
 **Speculative decoding** (``speculative_config``): a running request about
-to decode one token first gets n-gram drafts (:mod:`.spec_decode`) and is
+to decode one token first gets n-gram drafts (:mod:`.speculation`) and is
 scheduled as ``1 + len(drafts)`` tokens, with slots for all of them, in the
 same budget; the drafts are cut or dropped where the budget, ``max_tokens`` or
 the pages leave no room, and drafting pauses for a request whose drafts keep
@@ -59,14 +59,12 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .logprobs import servable_prefix
+from ..registry import PREEMPTION_MODES, SCHEDULES
 from .request import FINISHED, RUNNING, SWAPPED, WAITING, Request
-from .schedule_policy import MAX_SKIPS, admission_order
-from .spec_decode import DraftBackoff, NgramProposer
-from .swap import SwapArena
+from .schedule_policy import MAX_SKIPS
 
 __all__ = ["FINISHED", "RUNNING", "SWAPPED", "WAITING", "Request", "Scheduler",
-           "SchedulerOutput", "SwapArena"]
+           "SchedulerOutput"]
 
 
 @dataclass
@@ -87,7 +85,7 @@ class SchedulerOutput:
 class Scheduler:
     """Waiting queue, running list, preemption. See the module docstring.
 
-    ``config`` is the engine's :class:`~paged_np.config.EngineConfig` (budgets,
+    ``config`` is the engine's :class:`~paged_np.engine.config.EngineConfig` (budgets,
     preemption mode, swap space, schedule); ``sliding_window`` the model's.
     """
 
@@ -95,13 +93,16 @@ class Scheduler:
         self.cache = cache
         self.config = config
         self.schedule_policy = config.schedule
+        self.admission_order = SCHEDULES.load(config.schedule)   # queue positions, in order
         self.max_skips = MAX_SKIPS      # lpm: admissions a request may be passed over by
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.preemption_mode = config.preemption_mode
         self.window = sliding_window
+        # Host swap space (a SwapArena) when the preemption mode names one, else None.
         swap_pages = cache.cfg.num_pages if config.swap_pages is None else config.swap_pages
-        self.swap = SwapArena(cache, swap_pages) if self.preemption_mode == "swap" else None
+        mode = PREEMPTION_MODES[config.preemption_mode]
+        self.swap = mode.load()(cache, swap_pages) if mode.target else None
         self._arena_tokens = cache.cfg.num_slots
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []     # in admission order: the last is the next victim
@@ -109,54 +110,12 @@ class Scheduler:
         self.num_swapped_out = 0
         self.num_swapped_in = 0
         self.num_admissions = 0
-        spec = config.speculative_config
-        self.proposer = NgramProposer(spec) if spec is not None else None
+        #: Speculative decoding's drafting (:mod:`.speculation`), loaded only when configured.
+        self.speculator = None
+        if config.speculative_config is not None:
+            from .speculation import Speculator
 
-    # ------------------------------------------------------------ speculation
-    def _draft(self, req: Request, budget: int) -> int:
-        """Propose drafts for decoding ``req``; returns ``1 + len(drafts)``, or 0 for none.
-
-        Drafts never cost anyone else anything: they are cut to the token
-        budget and to ``max_tokens`` (a step emits at most ``1 + len(drafts)``
-        tokens, so at most ``max_tokens - generated - 1`` drafts), and dropped
-        unless their pages are there now (they never cause a preemption).
-        A request still to fork (``n > 1``) does not draft: its prompt's last
-        token comes first. One whose drafts keep failing pauses (:class:`DraftBackoff`).
-        Where no n-gram recurs just after a rejected draft, the drafts may come from
-        where the request rejoins the text it was copying (:meth:`NgramProposer.rejoin`).
-        """
-        req.spec_token_ids = []
-        if req.spec_backoff is None:
-            req.spec_backoff = DraftBackoff()
-        params = req.parent.params
-        room = min(self.proposer.k, budget - 1,
-                   params.max_tokens - len(req.sample.token_ids) - 1)
-        if room < 1 or req.pending_fork or not req.spec_backoff.should_draft():
-            return 0
-        tokens = req.token_ids
-        drafts, source = self.proposer.lookup(tokens, room)
-        rejoined = False
-        if not drafts and req.spec_rejoin is not None:
-            drafts, source = self.proposer.rejoin(tokens, *req.spec_rejoin, room)
-            rejoined = bool(drafts)
-        n = 1 + len(drafts)
-        if not drafts or n > self._max_new_tokens(req) or not self.cache.can_allocate(
-                req.seq_id, n):
-            return 0
-        req.spec_token_ids = drafts
-        req.spec_source = (len(tokens), source, rejoined)
-        return n
-
-    def record_drafts(self, req: Request, num_drafted: int, num_accepted: int) -> None:
-        """The engine's verdict on ``req``'s drafts this step (for its backoff, and for
-        :meth:`NgramProposer.rejoin` after an n-gram draft was rejected: once only, a
-        rejoin's own rejection is not followed up)."""
-        req.spec_backoff.record(num_drafted, num_accepted)
-        req.spec_token_ids = []
-        first, source, rejoined = req.spec_source
-        req.spec_rejoin = None
-        if num_accepted < num_drafted and not rejoined and source >= 0:
-            req.spec_rejoin = (first + num_accepted, source + num_accepted)
+            self.speculator = Speculator(config.speculative_config)
 
     # ------------------------------------------------------------------ step
     def schedule(self) -> SchedulerOutput:
@@ -172,7 +131,8 @@ class Scheduler:
             if left == 0:                                     # a failed step: see _recompute_last
                 self._recompute_last(self.running.pop(i))
                 continue
-            n = self._draft(req, budget) if left == 1 and self.proposer else 0
+            n = (self.speculator.draft(req, budget, self._max_new_tokens(req), self.cache)
+                 if left == 1 and self.speculator else 0)
             n = n or self._make_room(req, min(left, budget))
             if n > 0:
                 out.scheduled.append((req, n, self.cache.allocate_slots(req.seq_id, n)))
@@ -251,9 +211,8 @@ class Scheduler:
 
     def _admission_order(self, queue: list) -> list:
         """Positions of ``queue`` in the order to try them (see :mod:`.schedule_policy`)."""
-        return admission_order(
-            len(queue), self.schedule_policy,
-            prefix_len=lambda i: self._cached_prefix(queue[i]),
+        return self.admission_order(
+            len(queue), prefix_len=lambda i: self._cached_prefix(queue[i]),
             skipped=lambda i: self.num_admissions - queue[i].queued_at,
             max_skips=self.max_skips)
 
@@ -287,7 +246,7 @@ class Scheduler:
         # prompt_logprobs: the cache may serve only positions already scored (a new
         # request: none, as vLLM skips the prefix cache for it; a recomputed one:
         # what it scored before), so that every prompt token is scored once.
-        return req.tokens(0, min(n, servable_prefix(req)))
+        return req.tokens(0, min(n, req.servable_prefix()))
 
     def _admit(self, req: Request, budget: int):
         """Put ``req`` in the cache and size its first chunk.
@@ -386,7 +345,7 @@ class Scheduler:
 
     def _tokens_that_fit(self, req: Request) -> int:
         """Tokens ``req`` can add with its pages plus every free or cached one."""
-        held = len(req.seq.block_table)
+        held = len(self.cache.block_table(req.seq_id))
         total = (held + self.cache.num_available_pages) * self.cache.page_size
         return total - req.num_computed_tokens
 

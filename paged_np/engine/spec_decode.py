@@ -49,7 +49,7 @@ from collections import deque
 
 import numpy as np
 
-from ..config import SpeculativeConfig
+from .config import SpeculativeConfig
 from ..errors import DTypeError
 
 __all__ = ["BACKOFF_STEPS", "MAX_BACKOFF_STEPS", "BREAK_EVEN_TOKENS", "REJOIN_TOKENS", "WINDOW",

@@ -6,16 +6,18 @@ before freeing them, and copies them back when the victim is admitted again
 asks the cache for room first (``can_allocate``), so :meth:`SwapArena.swap_in`
 runs only when the pages are there.
 
-The bytes move as they are: with an 8-bit ``kv_cache_dtype`` the codes and
-their scales (``cache.kv_scales``) go out and come back together, so a
-swapped sequence reads exactly what it wrote (nothing is quantized twice).
+The bytes move as they are, through the cache's page API
+(``cache.read_pages`` out, ``cache.write_slots`` back): with an 8-bit
+``kv_cache_dtype`` the codes and their scales go out and come back together,
+so a swapped sequence reads exactly what it wrote (nothing is quantized twice).
+It is the ``"swap"`` entry of :data:`paged_np.registry.PREEMPTION_MODES`,
+loaded only when that mode is chosen.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .request import Request
 
 
 class SwapArena:
@@ -26,11 +28,11 @@ class SwapArena:
     """
 
     def __init__(self, cache, num_pages: int):
-        shape = list(cache.arena.shape)
+        shape = list(cache.cfg.arena_shape)
         shape[2] = num_pages
-        self.data = np.zeros(shape, dtype=cache.arena.dtype)
+        self.data = np.zeros(shape, dtype=cache.cfg.dtype)
         # The scales of 8-bit pages, [num_layers, 2, swap_pages, Hkv, page_size], or None.
-        self.scales = None if cache.kv_scales is None else np.ones(shape[:-1], np.float32)
+        self.scales = np.ones(shape[:-1], np.float32) if cache.cfg.quantized else None
         self.page_size = cache.page_size
         self._free = list(range(num_pages - 1, -1, -1))
 
@@ -42,19 +44,20 @@ class SwapArena:
     def num_free(self) -> int:
         return len(self._free)
 
-    def swap_out(self, cache, req: Request) -> list | None:
+    def swap_out(self, cache, req) -> list | None:
         """Copy the pages of ``req``'s computed tokens to the host; None if no room."""
         n_pages = -(-req.num_computed_tokens // self.page_size)
         pages = cache.block_table(req.seq_id)[:n_pages]             # [n_pages] page ids
         if n_pages > len(self._free) or (pages < 0).any():
             return None
         host = [self._free.pop() for _ in range(n_pages)]
-        self.data[:, :, host] = cache.arena[:, :, pages]            # every layer, K and V
+        data, scales = cache.read_pages(pages)              # [L, 2, n, Hkv, ps, (D)] copies
+        self.data[:, :, host] = data                        # every layer, K and V
         if self.scales is not None:
-            self.scales[:, :, host] = cache.kv_scales[:, :, pages]  # and their scales
+            self.scales[:, :, host] = scales                # and their scales
         return host
 
-    def swap_in(self, cache, req: Request, start: int) -> None:
+    def swap_in(self, cache, req, start: int) -> None:
         """Write positions ``[start, num_swapped_tokens)`` back into the cache.
 
         The caller has checked ``cache.can_allocate`` for these tokens.
@@ -64,14 +67,12 @@ class SwapArena:
         pos = np.arange(start, end)                                 # [n] positions
         host = np.asarray(req.swap_pages)[pos // self.page_size]    # [n] host pages
         off = pos % self.page_size                                  # [n]
-        page, slot_off = slots // self.page_size, slots % self.page_size  # [n] each
-        # Every layer, K and V, in one copy: both sides index [n, L, 2, Hkv, (D)].
-        cache.arena[:, :, page, :, slot_off] = self.data[:, :, host, :, off]
-        if self.scales is not None:
-            cache.kv_scales[:, :, page, :, slot_off] = self.scales[:, :, host, :, off]
+        # Every layer, K and V, in one copy: the rows index as [n, L, 2, Hkv, (D)].
+        scales = None if self.scales is None else self.scales[:, :, host, :, off]
+        cache.write_slots(slots, self.data[:, :, host, :, off], scales)
         cache.append_tokens(req.seq_id, req.tokens(start, end))
 
-    def release(self, req: Request) -> None:
+    def release(self, req) -> None:
         """Give ``req``'s host pages back to the free list."""
         self._free.extend(req.swap_pages or ())
         req.swap_pages = None

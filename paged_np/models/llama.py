@@ -51,6 +51,7 @@ activations quantized).
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -60,8 +61,6 @@ from ..attention.reference import dense_attention
 from ..checks import as_token_ids, check_positive_int
 from ..config import ModelConfig
 from ..errors import DTypeError, InvalidArgument, ShapeError
-from . import fused
-from .quantized import check_quantized, fuse, is_quantized, weight_bytes
 
 # Weight names, their shapes as functions of the config, and whether they are
 # stacked over layers (a leading [num_layers] axis).
@@ -134,7 +133,10 @@ class LlamaModel:
         q_dim = cfg.num_heads * cfg.head_dim
         kv_dim = cfg.num_kv_heads * cfg.head_dim
         inter = cfg.intermediate_size
-        self.quantized = is_quantized(weights)
+        # Quantized weights are QuantMatrix objects: they exist only if their plug-in
+        # (paged_np.models.quantized) was imported, so a float model never imports it.
+        quantized = sys.modules.get("paged_np.models.quantized")
+        self.quantized = quantized is not None and quantized.is_quantized(weights)
         if self.quantized:
             self._init_quantized(shapes, weights)
         else:
@@ -169,6 +171,8 @@ class LlamaModel:
     def _init_quantized(self, shapes, weights):
         """QuantMatrix weights (:mod:`paged_np.models.quantized`): fused per layer; the
         separate ``wq`` ... ``w_up`` are not kept (the fused ones hold the same blocks)."""
+        from .quantized import check_quantized, fuse
+
         check_quantized(shapes, weights)
         self.wqkv = fuse(weights["wq"], weights["wk"], weights["wv"])   # L x [H, q+2kv]
         self.w_gate_up = fuse(weights["w_gate"], weights["w_up"])       # L x [H, 2I]
@@ -199,6 +203,8 @@ class LlamaModel:
         """Bytes of weight memory this model holds (quantized blocks and scales, or float32)."""
         if not self.quantized:
             return 4 * self.num_parameters
+        from .quantized import weight_bytes
+
         return weight_bytes(self._matrices(), tied=False)
 
     @classmethod
@@ -249,13 +255,23 @@ class LlamaModel:
                                   f"vocabulary [0, {self.cfg.vocab_size})")
         return self.w["embed"][token_ids]                        # [T, H]
 
-    def qkv(self, layer: int, x: np.ndarray, rope):
+    def ops(self, backend: str = "auto"):
+        """The per-layer operations (``rms_norm``, ``rope_qk``, ``silu_mul``): plain
+        NumPy (:class:`NumpyOps`) with the numpy backend, else each fused into one
+        Numba call (:mod:`.fused`, loaded when first used)."""
+        if backend == "numpy" and not self.quantized:
+            return NumpyOps
+        from . import fused
+
+        return fused
+
+    def qkv(self, layer: int, x: np.ndarray, rope, ops=None):
         """``x`` [T, H] -> q [T, Hq, D], k and v [T, Hkv, D], RoPE applied.
 
         ``rope`` is ``self.rope(positions)``: the same for every layer, so the
-        forward computes it once per step.
+        forward computes it once per step. ``ops``: see :meth:`ops`.
         """
-        cfg, w = self.cfg, self.w
+        cfg, w, fused = self.cfg, self.w, ops or self.ops()
         h = fused.rms_norm(x, w["attn_norm"][layer], cfg.rms_norm_eps)  # [T, H]
         qkv = h @ self.wqkv[layer]                               # [T, q+2kv], one product
         cos, sin = rope                                          # [T, D/2] each
@@ -267,9 +283,9 @@ class LlamaModel:
         angles = positions[:, None].astype(np.float64) * self._inv_freq[None, :]  # [T, D/2]
         return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
-    def finish_layer(self, layer: int, x: np.ndarray, attn: np.ndarray) -> np.ndarray:
+    def finish_layer(self, layer: int, x: np.ndarray, attn: np.ndarray, ops=None) -> np.ndarray:
         """Output projection, residual, then the SwiGLU MLP block: [T, H] -> [T, H]."""
-        cfg, w = self.cfg, self.w
+        cfg, w, fused = self.cfg, self.w, ops or self.ops()
         T = x.shape[0]
         x = x + attn.reshape(T, -1) @ w["wo"][layer]             # [T, H]
         h = fused.rms_norm(x, w["mlp_norm"][layer], cfg.rms_norm_eps)  # [T, H]
@@ -277,9 +293,9 @@ class LlamaModel:
         # silu(gate) * up, gate and up the two halves of gate_up: [T, I], one call.
         return x + fused.silu_mul(gate_up, self._inter) @ w["w_down"][layer]  # [T, H]
 
-    def logits(self, x: np.ndarray) -> np.ndarray:
+    def logits(self, x: np.ndarray, ops=None) -> np.ndarray:
         """Final norm and LM head: [S, H] -> float32 [S, vocab]."""
-        h = fused.rms_norm(x, self.w["final_norm"], self.cfg.rms_norm_eps)  # [S, H]
+        h = (ops or self.ops()).rms_norm(x, self.w["final_norm"], self.cfg.rms_norm_eps)  # [S, H]
         if self.cfg.tie_word_embeddings and not self.quantized:
             # embed [V, H] is row-major: embed @ h.T streams it row by row, which BLAS
             # does 1.5x faster than h @ embed.T (measured at batch 1, 113 MiB).
@@ -304,16 +320,17 @@ class LlamaModel:
                                        batch.query_start_loc, self.cfg.sliding_window,
                                        num_pages=k_pages.shape[0], page_size=k_pages.shape[2],
                                        threads="numba" if self.quantized else "python")
+        ops = self.ops(backend)
         for layer in range(self.cfg.num_layers):
-            q, k, v = self.qkv(layer, x, rope)                   # [T, Hq, D], [T, Hkv, D] x2
+            q, k, v = self.qkv(layer, x, rope, ops)              # [T, Hq, D], [T, Hkv, D] x2
             cache.write_kv(layer, batch.slots, k, v)             # scatter into the arena
             k_pages, v_pages = cache.layer(layer)                # [P, Hkv, page_size, D] views
             k_scales, v_scales = cache.layer_scales(layer)       # 8-bit pages' scales, or None
             quant = {} if k_scales is None else dict(k_scales=k_scales, v_scales=v_scales)
             attn = paged_attention(q, k_pages, v_pages, metadata=meta, backend=backend,
                                    **quant)                      # [T, Hq, D]
-            x = self.finish_layer(layer, x, attn)                # [T, H]
-        return self.logits(x[batch.logits_indices])              # [S, V]
+            x = self.finish_layer(layer, x, attn, ops)           # [T, H]
+        return self.logits(x[batch.logits_indices], ops)         # [S, V]
 
     # ----------------------------------------------------------- dense truth
     def dense_logits(self, token_ids) -> np.ndarray:
@@ -374,3 +391,22 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
+class NumpyOps:
+    """The per-layer operations in plain NumPy, as :mod:`.fused` names them (the
+    numpy backend's, and the references the fused kernels are tested against)."""
+
+    rms_norm = staticmethod(rms_norm)
+
+    @staticmethod
+    def rope_qk(qkv, cos, sin, num_heads: int, num_kv_heads: int, head_dim: int):
+        """``qkv`` [T, q+2kv] -> q [T, Hq, D] and k [T, Hkv, D] rotated, v [T, Hkv, D]."""
+        T, q_dim, kv_dim = qkv.shape[0], num_heads * head_dim, num_kv_heads * head_dim
+        q = qkv[:, :q_dim].reshape(T, num_heads, head_dim)                  # [T, Hq, D]
+        k = qkv[:, q_dim:q_dim + kv_dim].reshape(T, num_kv_heads, head_dim)  # [T, Hkv, D]
+        v = qkv[:, q_dim + kv_dim:].reshape(T, num_kv_heads, head_dim)      # [T, Hkv, D]
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    @staticmethod
+    def silu_mul(gate_up, inter: int):
+        """``silu(gate) * up`` of the two halves of ``gate_up`` [T, 2I] -> [T, I]."""
+        return silu(gate_up[:, :inter]) * gate_up[:, inter:]

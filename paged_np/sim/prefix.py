@@ -50,7 +50,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..cache.kv_cache import PagedKVCache
-from ..config import EngineConfig, ModelConfig
+from ..config import ModelConfig
+from ..engine.config import EngineConfig
 from ..engine.outputs import RequestOutput, SampleOutput
 from ..engine.request import ParentRequest, Request
 from ..engine.sampling import SamplingParams
