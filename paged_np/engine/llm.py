@@ -61,8 +61,8 @@ from pathlib import Path
 import numpy as np
 
 from ..checks import check_int
-from .config import EngineConfig
 from ..errors import DTypeError, InvalidArgument, UnknownRequest
+from .config import EngineConfig
 from .engine import Engine
 from .logprobs import fill_decoded
 from .outputs import RequestOutput

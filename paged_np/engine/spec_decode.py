@@ -49,8 +49,8 @@ from collections import deque
 
 import numpy as np
 
-from .config import SpeculativeConfig
 from ..errors import DTypeError
+from .config import SpeculativeConfig
 
 __all__ = ["BACKOFF_STEPS", "MAX_BACKOFF_STEPS", "BREAK_EVEN_TOKENS", "REJOIN_TOKENS", "WINDOW",
            "DraftBackoff", "NgramProposer", "propose_reference", "rejoin_reference"]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import numpy as np
 
 
-
 class SwapArena:
     """Host memory for preempted sequences' pages.
 
