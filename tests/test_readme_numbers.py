@@ -110,3 +110,16 @@ def test_summary_quantized_weights_table_matches_model_quant_md():
                            (ROOT / "benchmarks/model_quant.md").read_text(), re.M):
         assert line in flat, f"{SUMMARY} lacks the line of model_quant.md: {line!r}"
 
+
+def test_readme_headline_figures_are_those_of_the_summary():
+    # The README's "## Headline figures" quotes the summary page (which the tests above
+    # hold to the benchmark files): every ratio, percentage and decimal it gives must
+    # be on that page, so neither can move without the other.
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Headline figures"):]
+    section = section[:section.index("\n## ", 1)]
+    summary = " ".join((ROOT / SUMMARY).read_text().split())
+    figures = re.findall(r"\d+(?:\.\d+)?(?:x|%)|\d+\.\d+", section)
+    assert len(figures) > 20, f"README's headline figures: too few found ({figures})"
+    missing = [f for f in figures if f not in summary]
+    assert not missing, f"README headline figures not on {SUMMARY}: {missing}"
