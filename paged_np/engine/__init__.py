@@ -15,10 +15,12 @@ Read in this order:
 7. :mod:`.server` -- the OpenAI-compatible HTTP server over an :class:`LLM`.
 """
 
-from .engine import Engine
-from .llm import LLM
-from .logprobs import Logprob
-from .outputs import RequestOutput, SampleOutput
-from .sampling import SamplingParams
+from ..lazy import lazy_exports
 
-__all__ = ["Engine", "LLM", "Logprob", "RequestOutput", "SampleOutput", "SamplingParams"]
+_EXPORTS = {
+    "Engine": ".engine", "LLM": ".llm", "Logprob": ".logprobs", "RequestOutput": ".outputs",
+    "SampleOutput": ".outputs", "SamplingParams": ".sampling", "EngineConfig": ".config",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = sorted(_EXPORTS)
