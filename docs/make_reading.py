@@ -154,6 +154,34 @@ def closure(module: str, root: Path = ROOT) -> list[tuple[str, Path, int]]:
     return result
 
 
+#: Run in a fresh process: one float32 step of the NumPy backend, then print every module of
+#: the package it loaded (its own imports, and the defaults it loaded by name from the
+#: registries) and whether Numba was imported at all.
+_STEP_SCRIPT = """
+import sys
+import paged_np as pnp
+model = pnp.LlamaModel.random(pnp.ModelConfig(), seed=0)
+engine = pnp.Engine(model, num_pages=16, page_size=4, backend="numpy")
+engine.generate([[1, 2, 3, 4, 5, 6]], pnp.SamplingParams(max_tokens=3, temperature=0.0))
+print("numba" in sys.modules)
+print(" ".join(sorted(m for m in sys.modules if m == "paged_np" or m.startswith("paged_np."))))
+"""
+
+
+def step_modules(root: Path = ROOT) -> tuple[list[tuple[str, Path, int]], bool]:
+    """``(modules, numba_loaded)`` of one float32 NumPy-backend step run in a fresh
+    process: every module of the package it loaded, in reading order, with its lines."""
+    import os
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=str(root))
+    out = subprocess.run([sys.executable, "-c", _STEP_SCRIPT], env=env, cwd=root, check=True,
+                         capture_output=True, text=True).stdout.split("\n")
+    names = sorted(out[1].split(), key=lambda m: _rank(m, root))
+    return [(m, module_path(m, root), len(module_path(m, root).read_text().splitlines()))
+            for m in names], out[0] == "True"
+
+
 def _summary(path: Path) -> str:
     """The first line of the module's docstring, as Markdown for a table cell."""
     doc = (ast.get_docstring(ast.parse(path.read_text())) or "").strip()
@@ -163,8 +191,8 @@ def _summary(path: Path) -> str:
     return line.replace("|", "\\|")
 
 
-def _table(module: str) -> list[str]:
-    rows = closure(module)
+def _table(module: str, rows=None) -> list[str]:
+    rows = closure(module) if rows is None else rows
     total = sum(n for _, _, n in rows)
     lines = [
         f"**{len(rows)} modules, {total:,} lines.**",
@@ -187,12 +215,21 @@ def render() -> str:
         "<!-- Written by `python docs/make_reading.py`; do not edit by hand. "
         "tests/test_reading.py fails when it is stale. -->",
         "",
-        "Everything Python loads to run one engine step, and nothing else: the",
-        "module-level import closure of `paged_np/engine/engine.py`, computed from the",
-        "source with `ast` (imports inside functions run only when called, so they are",
-        "not on the path). Read it top to bottom: each file comes after the files it",
-        "imports, the core's packages in the order cache, attention, models, engine.",
-        "The rule is in the docstring of `docs/make_reading.py`.",
+        "The files of one engine step: first the module-level import closure of",
+        "`paged_np/engine/engine.py`, computed from the source with `ast` (imports inside",
+        "functions run only when called, so they are not on the path). Read it top to",
+        "bottom: each file comes after the files it imports, the core's packages in the",
+        "order cache, attention, models, engine. The rule is in the docstring of",
+        "`docs/make_reading.py`.",
+        "",
+        "The engine reaches its seams by name (`paged_np/registry.py`): the cache class,",
+        "the scheduler, the sampler, the step, the prefix index, the eviction policy and",
+        "the attention backend are the registry entries its config names, loaded when",
+        "chosen. So the last table is measured, not read: every module of the package",
+        "that one float32 step of the NumPy backend loads in a fresh process, package",
+        "faces (`__init__.py`) included. None of it is Numba, the radix tree, quantized",
+        "weights, 8-bit pages, speculative decoding, swap, logprobs, the tokenizer or the",
+        "server: those are plug-ins, loaded when chosen.",
         "",
         "## One engine step: `paged_np/engine/engine.py`",
         "",
@@ -203,6 +240,14 @@ def render() -> str:
         "What `PagedKVCache` needs, read first when you study the memory model alone.",
         "",
         *_table(CACHE),
+        "",
+        "## What one float32 NumPy step loads, measured",
+        "",
+        "The default step (`EngineConfig(backend=\"numpy\")`, a float32 model, the hash",
+        "index and LRU) run once in a fresh process; every module of the package in",
+        "`sys.modules` afterwards.",
+        "",
+        *_table(STEP, step_modules()[0]),
         "",
     ])
 

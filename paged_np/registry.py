@@ -219,11 +219,14 @@ SPEC_METHODS.register("ngram", "paged_np.engine.spec_decode:NgramProposer",
 # --------------------------------------------------------------- the model
 #: How a checkpoint's weights are held (``quantization``); "none" is float32.
 WEIGHT_QUANTIZATIONS = Registry("quantization", "weight quantizations")
-WEIGHT_QUANTIZATIONS.register("gguf", None, "the file's own blocks, float32 inputs")
+#: ``file_blocks``: the loader keeps a ``.gguf`` file's quantized blocks as they are.
+WEIGHT_QUANTIZATIONS.register("gguf", None, "the file's own blocks, float32 inputs",
+                              file_blocks=True)
 WEIGHT_QUANTIZATIONS.register("gguf_a8", None,
-                              "the same blocks times int8 inputs (llama.cpp's arithmetic)")
-WEIGHT_QUANTIZATIONS.register("q8_0", None, "quantize to Q8_0 on load")
-WEIGHT_QUANTIZATIONS.register("none", None, "float32 weights")
+                              "the same blocks times int8 inputs (llama.cpp's arithmetic)",
+                              file_blocks=True)
+WEIGHT_QUANTIZATIONS.register("q8_0", None, "quantize to Q8_0 on load", file_blocks=False)
+WEIGHT_QUANTIZATIONS.register("none", None, "float32 weights", file_blocks=False)
 
 #: Model families: the class that runs each and the names checkpoints give it.
 ARCHITECTURES = Registry("architecture", "model architectures")

@@ -51,6 +51,31 @@ def test_the_cache_alone_is_at_most_2000_lines():
         f"modules, {total:,} lines (cap {CACHE_CAP:,}):\n{_listing(rows)}")
 
 
+#: Plug-ins a float32 NumPy step must not load: each is reached through a registry or an
+#: import inside the function that needs it, only when chosen.
+PLUG_INS = ("paged_np.cache.radix", "paged_np.cache.kv_quant", "paged_np.quant",
+            "paged_np.attention.numba", "paged_np.attention.cuda", "paged_np.attention.split_k",
+            "paged_np.models.fused", "paged_np.models.quantized", "paged_np.models.tokenizer",
+            "paged_np.engine.speculation", "paged_np.engine.spec_decode",
+            "paged_np.engine.rejection", "paged_np.engine.swap", "paged_np.engine.logprobs",
+            "paged_np.engine.llm", "paged_np.server", "paged_np.engine.server")
+
+
+def test_a_float32_numpy_step_loads_no_plug_in_and_no_numba():
+    rows, numba_loaded = mr.step_modules()
+    names = [name for name, _, _ in rows]
+    assert not numba_loaded, "a float32 step of the numpy backend imported Numba"
+    loaded = [n for n in names if n.startswith(PLUG_INS)]
+    assert not loaded, f"plug-ins loaded by a float32 NumPy step: {loaded}"
+    # What it does load is the core: the cache, the hash index, the scheduler, the model.
+    for core in ("paged_np.cache.kv_cache", "paged_np.cache.hash_index",
+                 "paged_np.engine.scheduler", "paged_np.models.llama",
+                 "paged_np.attention.numpy_paged"):
+        assert core in names
+    total = sum(n for _, _, n in rows)
+    assert total <= 6_000, f"one float32 NumPy step loads {total:,} lines:\n{_listing(rows)}"
+
+
 def _write(root: Path, files: dict[str, str]) -> None:
     for rel, text in files.items():
         path = root / rel

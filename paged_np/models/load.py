@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DTypeError, ModelLoadError
-from ..registry import model_class
+from ..registry import WEIGHT_QUANTIZATIONS, model_class
 from .llama import LlamaModel
 from .quantized import (
     check_quantization,
@@ -66,8 +66,8 @@ def load_model(name_or_path, dtype=np.float32,
     if path.is_dir():
         cfg, weights, tokenizer = load_hf(path)
     elif path.is_file() and path.suffix == ".gguf":
-        cfg, weights, tokenizer = load_gguf(
-            path, quantization="gguf" if quantization in ("gguf", "gguf_a8") else None)
+        keep = quantization is not None and WEIGHT_QUANTIZATIONS[quantization].file_blocks
+        cfg, weights, tokenizer = load_gguf(path, quantization="gguf" if keep else None)
     elif path.is_file():
         raise ModelLoadError(f"{path}: not a .gguf file; pass a .gguf file or a Hugging Face "
                              "model directory")
