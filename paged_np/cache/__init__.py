@@ -27,7 +27,8 @@ _EXPORTS = {
     "LRUPolicy": ".eviction", "make_policy": ".eviction",
     "CachedPage": ".hash_index", "HashIndex": ".hash_index", "hash_page": ".hash_index",
     "make_prefix_index": ".prefix_index", "PrefixIndex": ".prefix_index",
-    "PagedKVCache": ".kv_cache", "PagePool": ".page_pool", "RadixCache": ".radix",
+    "PagedKVCache": ".kv_cache", "PagePool": ".page_pool",
+    "RadixIndex": ".radix", "RadixCache": ".radix",
     "TreeNode": ".radix_node", "Sequence": ".sequence",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

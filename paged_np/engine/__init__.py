@@ -8,7 +8,7 @@ Read in this order:
 3. :mod:`.request` -- the engine's record of a request and the scheduler's of each
    sample, and which object keeps each count;
 4. :mod:`.scheduler` -- which requests run this step, and preemption under pressure
-   (:mod:`.schedule_policy` orders the queue, :mod:`.swap` keeps swapped pages);
+   (:mod:`.admission` orders the queue, :mod:`.swap` keeps swapped pages);
 5. :mod:`.engine` -- :class:`Engine`, one step = schedule, model forward, sample
    (:mod:`.stats` counts what happened);
 6. :mod:`.llm` -- :class:`LLM`, vLLM's offline API: text in, text out;
