@@ -56,7 +56,7 @@ _EXPORTS = {
     "LFUPolicy": ".cache.eviction", "LRUPolicy": ".cache.eviction",
     "PagePool": ".cache.page_pool", "PrefixIndex": ".cache.prefix_index",
     "make_prefix_index": ".cache.prefix_index", "HashIndex": ".cache.hash_index",
-    "RadixIndex": ".cache.radix", "RadixCache": ".cache.radix", "PagedKVCache": ".cache.kv_cache",
+    "RadixIndex": ".cache.radix", "PagedKVCache": ".cache.kv_cache",
     "AttentionMetadata": ".attention", "paged_attention": ".attention",
     "merge_attention_states": ".attention.split_k",
     "LlamaModel": ".models.llama", "load_model": ".models.load",
@@ -67,6 +67,7 @@ _EXPORTS = {
     "EngineConfig": ".engine.config", "SpeculativeConfig": ".engine.config",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+del lazy_exports
 
 __version__ = "0.1.0"
 

@@ -120,7 +120,7 @@ def test_every_public_name_imports(name):
 
 def test_all_lists_the_public_names_once():
     assert len(set(paged_np.__all__)) == len(paged_np.__all__)
-    exported = {n for n in vars(paged_np) if not n.startswith("_")
+    exported = {n for n in dir(paged_np) if not n.startswith("_")
                 and not isinstance(getattr(paged_np, n), type(paged_np))}
     assert exported == set(paged_np.__all__) - {"__version__"}
 

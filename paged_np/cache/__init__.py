@@ -28,9 +28,10 @@ _EXPORTS = {
     "CachedPage": ".hash_index", "HashIndex": ".hash_index", "hash_page": ".hash_index",
     "make_prefix_index": ".prefix_index", "PrefixIndex": ".prefix_index",
     "PagedKVCache": ".kv_cache", "PagePool": ".page_pool",
-    "RadixIndex": ".radix", "RadixCache": ".radix",
+    "RadixIndex": ".radix",
     "TreeNode": ".radix_node", "Sequence": ".sequence",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+del lazy_exports
 
 __all__ = sorted(_EXPORTS)

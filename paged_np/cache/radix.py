@@ -446,8 +446,3 @@ class RadixIndex(PrefixIndex):
             assert n.lock_ref == locks.get(n.id, 0), (
                 f"node {n.id}: lock_ref {n.lock_ref}, but {locks.get(n.id, 0)} live "
                 "sequences pass through it")
-
-
-
-#: SGLang's name for the same structure (``sglang.srt.mem_cache.radix_cache.RadixCache``).
-RadixCache = RadixIndex

@@ -22,5 +22,6 @@ _EXPORTS = {
     "SampleOutput": ".outputs", "SamplingParams": ".sampling", "EngineConfig": ".config",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+del lazy_exports
 
 __all__ = sorted(_EXPORTS)

@@ -24,6 +24,7 @@ _EXPORTS = {
     "with_int8_activations": ".quantized",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+del lazy_exports
 
 __all__ = ["ForwardBatch", "LlamaModel", "QUANTIZATIONS", "Tokenizer",
            "IncrementalDetokenizer", "load_model"]
