@@ -14,7 +14,7 @@ import openai
 import pytest
 from server_helpers import TINY_NAME, chat_ids, make_llm, metrics, reference, tiny, wait_for
 
-from paged_np.engine.server import ServerThread
+from paged_np.server import ServerThread
 
 MAX_TOKENS = 12
 

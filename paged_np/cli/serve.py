@@ -8,7 +8,7 @@
     python -m paged_np serve --model tiny-random --open  # and watch the cache: /dashboard
 
 Then point any OpenAI client at ``http://127.0.0.1:8000/v1`` (see
-:mod:`paged_np.engine.server` for the endpoints). Ctrl-C or SIGTERM lets
+:mod:`paged_np.server` for the endpoints). Ctrl-C or SIGTERM lets
 in-flight requests finish for ``--drain-timeout`` seconds, aborts the rest
 and exits.
 
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     engine_config(args, parser)                  # a refused option exits here, before loading
     quantization_of(args, parser, random_model=args.model == TINY_MODEL)
-    from ..engine.server import serve
+    from ..server import serve
 
     llm = build_llm(args)
     print(f"serving {args.served_model_name or args.model} on http://{args.host}:{args.port}/v1 "

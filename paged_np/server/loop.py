@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ...errors import InvalidArgument, PagedNPError
+from ..errors import InvalidArgument, PagedNPError
 from .cache_view import CacheView
 from .metrics import ServerMetrics
 

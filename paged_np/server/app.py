@@ -19,8 +19,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ...errors import ChatTemplateError, PagedNPError
-from ..sampling import SamplingParams
+from ..engine.sampling import SamplingParams
+from ..errors import ChatTemplateError, PagedNPError
 from .auth import APIKeyMiddleware
 from .cache_routes import add_cache_routes
 from .dashboard import router as dashboard_router
