@@ -229,7 +229,8 @@ def test_serve_flags_reach_the_server(monkeypatch):
     from paged_np.cli import serve as serve_cli
 
     seen = {}
-    monkeypatch.setattr("paged_np.server.serve", lambda llm, **kw: seen.update(kw))
+    monkeypatch.setattr("paged_np.server.serve",
+                        lambda llm, config: seen.update(vars(config)))
     serve_cli.main(["--model", "tiny-random", "--backend", "numpy", "--open",
                     "--api-key", "k", "--dashboard-show-text"])
     assert (seen["open_browser"], seen["api_key"], seen["show_text"]) == (True, "k", True)
