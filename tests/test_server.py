@@ -152,10 +152,10 @@ def test_32_concurrent_streaming_clients_share_steps(client, server, ref, tiny_p
     assert m["paged_np:num_requests_waiting"] == 0
     # Steps in which more than one request got a token: continuous batching across clients.
     shared = lambda m: m["paged_np:step_num_requests_count"] - m[  # noqa: E731
-        'paged_np:step_num_requests_bucket{le="1"}']
+        'paged_np:step_num_requests_bucket{le="1.0"}']
     assert shared(m) - shared(before) > 0
     assert m['paged_np:step_num_requests_bucket{le="+Inf"}'] > m[
-        'paged_np:step_num_requests_bucket{le="8"}']                  # some held > 8 requests
+        'paged_np:step_num_requests_bucket{le="8.0"}']                  # some held > 8 requests
     assert m["paged_np:time_to_first_token_seconds_count"] - before[
         "paged_np:time_to_first_token_seconds_count"] == 32
 

@@ -25,8 +25,8 @@ How it is built (vLLM's shape, in one process):
 - **Errors have OpenAI's shape**: ``{"error": {"message", "type", "param",
   "code"}}``, status 400 for a bad request (the server keeps serving), 404
   for an unknown route, 500 when the engine fails one request (only that one).
-- ``GET /metrics`` speaks Prometheus text with vLLM's metric names under a
-  ``paged_np:`` prefix (see :class:`ServerMetrics`).
+- ``GET /metrics`` speaks Prometheus text, written by ``prometheus_client``,
+  with vLLM's metric names under a ``paged_np:`` prefix (see :class:`ServerMetrics`).
 - **The cache, live**: ``GET /v1/cache`` is a JSON snapshot of the pages, the
   eviction order, the radix tree and the queues; ``GET /v1/cache/stream`` sends
   it, then what changed, at most 10 times a second; ``GET /dashboard`` draws
@@ -65,6 +65,8 @@ _WHERE = {
     "ChatMessage": ".schemas",
     "CompletionRequest": ".schemas",
     "EngineLoop": ".loop",
+    "ITL_BUCKETS": ".metrics",
+    "TTFT_BUCKETS": ".metrics",
     "Server": ".app",
     "ServerMetrics": ".metrics",
     "ServerThread": ".app",

@@ -220,8 +220,9 @@ def create_app(llm, config: ServerConfig | None = None, **options):
 
     @app.get("/metrics")
     async def metrics():
+        # the text format generate_latest writes (Prometheus's classic 0.0.4)
         return PlainTextResponse(srv.loop.metrics.render(),
-                                 media_type="text/plain; version=0.0.4")
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
     async def models():
