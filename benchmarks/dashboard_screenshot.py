@@ -28,7 +28,7 @@ from selenium.webdriver.chrome.service import Service
 
 import paged_np as pnp
 from paged_np.cli.serve import tiny_model
-from paged_np.engine.server import ServerThread
+from paged_np.server import ServerThread
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "img" / "dashboard.png"
 SYSTEM = ("You are a patient teacher. Explain how a paged KV cache keeps keys and values "

@@ -24,7 +24,7 @@ import openai
 import pytest
 from server_helpers import TINY_NAME, make_llm, tiny
 
-from paged_np.engine.server import ServerThread
+from paged_np.server import ServerThread
 
 INSTALL = "apt-get install chromium chromium-driver"
 CHROME_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -208,10 +208,10 @@ def test_dashboard_is_in_the_package():
     """The page's files ship with the package, and /dashboard serves them as one page."""
     from importlib import resources
 
-    static = resources.files("paged_np.engine.server").joinpath("static")
+    static = resources.files("paged_np.server").joinpath("static")
     for name in ("dashboard.html", "dashboard.css", "dashboard.js"):
         assert static.joinpath(name).is_file(), name
-    from paged_np.engine.server.dashboard import dashboard_html
+    from paged_np.server.dashboard import dashboard_html
 
     html = dashboard_html()
     assert "<script src=" not in html and "<link rel=\"stylesheet\"" not in html

@@ -14,7 +14,7 @@ import openai
 import pytest
 from server_helpers import TINY_NAME, chat_ids, make_llm, metrics, reference, tiny, wait_for
 
-from paged_np.engine.server import ServerThread
+from paged_np.server import ServerThread
 
 MAX_TOKENS = 12
 
@@ -152,10 +152,10 @@ def test_32_concurrent_streaming_clients_share_steps(client, server, ref, tiny_p
     assert m["paged_np:num_requests_waiting"] == 0
     # Steps in which more than one request got a token: continuous batching across clients.
     shared = lambda m: m["paged_np:step_num_requests_count"] - m[  # noqa: E731
-        'paged_np:step_num_requests_bucket{le="1"}']
+        'paged_np:step_num_requests_bucket{le="1.0"}']
     assert shared(m) - shared(before) > 0
     assert m['paged_np:step_num_requests_bucket{le="+Inf"}'] > m[
-        'paged_np:step_num_requests_bucket{le="8"}']                  # some held > 8 requests
+        'paged_np:step_num_requests_bucket{le="8.0"}']                  # some held > 8 requests
     assert m["paged_np:time_to_first_token_seconds_count"] - before[
         "paged_np:time_to_first_token_seconds_count"] == 32
 

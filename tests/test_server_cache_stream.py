@@ -14,8 +14,8 @@ import pytest
 from server_helpers import TINY_NAME, make_llm, metrics, tiny, wait_for
 from test_server_cache_view import apply, check_matches_cache, comparable
 
-from paged_np.engine.server import ServerThread
-from paged_np.engine.server import app as server_app
+from paged_np.server import ServerThread
+from paged_np.server import app as server_app
 
 SYSTEM = "You are a careful assistant who explains paged attention in plain words. " * 3
 
@@ -229,7 +229,8 @@ def test_serve_flags_reach_the_server(monkeypatch):
     from paged_np.cli import serve as serve_cli
 
     seen = {}
-    monkeypatch.setattr("paged_np.engine.server.serve", lambda llm, **kw: seen.update(kw))
+    monkeypatch.setattr("paged_np.server.serve",
+                        lambda llm, config: seen.update(vars(config)))
     serve_cli.main(["--model", "tiny-random", "--backend", "numpy", "--open",
                     "--api-key", "k", "--dashboard-show-text"])
     assert (seen["open_browser"], seen["api_key"], seen["show_text"]) == (True, "k", True)

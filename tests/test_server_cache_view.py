@@ -10,7 +10,7 @@ import pytest
 from server_helpers import make_llm, tiny
 
 import paged_np as pnp
-from paged_np.engine.server.cache_view import CacheView, Subscriber
+from paged_np.server.cache_view import CacheView, Subscriber
 
 SYSTEM = list(range(3, 3 + 40))          # a 40-token "system prompt": two full pages of 16
 

@@ -8,8 +8,8 @@ import httpx
 import pytest
 from server_helpers import TINY_NAME, make_llm, metrics, tiny
 
-from paged_np.engine.server import ServerThread
 from paged_np.errors import PagedNPError
+from paged_np.server import ServerThread
 
 POISON = "poison"
 

@@ -9,7 +9,7 @@ import pytest
 from server_helpers import TINY_NAME, chat_ids, make_llm, tiny
 
 import paged_np as pnp
-from paged_np.engine.server import ServerThread
+from paged_np.server import ServerThread
 
 MAX_TOKENS = 10
 K = 3

@@ -10,7 +10,7 @@ import openai
 import pytest
 from server_helpers import chat_ids, make_llm, reference
 
-from paged_np.engine.server import ServerThread
+from paged_np.server import ServerThread
 
 NAME = "smollm2-135m-instruct"
 

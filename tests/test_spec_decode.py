@@ -393,7 +393,7 @@ def test_metrics_and_stats_report_speculation(model):
 
 
 def test_prometheus_exports_the_spec_counters(model):
-    from paged_np.engine.server.metrics import ServerMetrics
+    from paged_np.server.metrics import ServerMetrics
 
     text = ServerMetrics().render()
     for name in ("paged_np:spec_decode_num_draft_tokens_total",

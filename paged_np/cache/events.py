@@ -10,7 +10,7 @@ for. The pool, the prefix index and the cache each record their own (see
   with the run, so the engine leaves it off by default;
 - ``cache.add_listener(fn)`` calls ``fn(event)`` as each event happens and keeps
   nothing: a live view of a long run (the server's ``/v1/cache/stream``,
-  :mod:`paged_np.engine.server.cache_view`). With neither, no event is even built.
+  :mod:`paged_np.server.cache_view`). With neither, no event is even built.
 
 Compared with vLLM: its ``KVCacheEvent`` stream (``BlockStored``, ``BlockRemoved``)
 reports only what a prefix index across servers needs; these name every move a

@@ -275,3 +275,8 @@ class HashIndex(PrefixIndex):
         if len(self._heap) > 2 * len(self._queued) + 64:  # drop stale entries
             self._heap = [(k, n, p) for p, (k, n) in self._queued.items()]
             heapq.heapify(self._heap)
+
+    def walk(self) -> None:
+        """:meth:`PrefixIndex.walk`: None. The chain files each page under its own hash;
+        the hash digests the parent's, so the pages' links are not kept to walk."""
+        return None

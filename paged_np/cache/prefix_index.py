@@ -36,6 +36,7 @@ The operations, one method each, with the same names in both indexes:
 ``stats``                   counters for ``cache.stats()``
 ``check_invariants``        the index alone, or against the pool's ref counts
 ``check_sequences``         live sequences' handles agree with the index
+``walk``                    the index as a tree of :class:`IndexNode` (for views)
 ==========================  ===================================================
 
 Events: each index records its own (``hash``/``insert`` when a page joins,
@@ -46,6 +47,7 @@ the sequence that caused it passed in explicitly.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Callable
 
 from ..registry import PREFIX_INDEXES
@@ -154,6 +156,31 @@ class PrefixIndex(ABC):
         if self.listener is not None:
             self.listener(kind, page, seq_id)
 
+    def walk(self) -> list[IndexNode] | None:
+        """The index as a tree, for views and drawings: one :class:`IndexNode` per node
+        below a root, parents before children (copies: changing them changes nothing).
+
+        None when the index keeps no tree (the default, and the hash chain's answer);
+        ``[]`` for a tree with nothing cached yet. O(nodes).
+        """
+        return None
+
+
+@dataclass(frozen=True)
+class IndexNode:
+    """One node of a prefix index's tree, as :meth:`PrefixIndex.walk` reports it.
+
+    ``id``: the node's name for its life (creation order); ``parent``: its
+    parent's id, None right below a root; ``tokens``: the run on the edge from
+    the parent; ``pages``: the page ids holding that run, in order;
+    ``lock_ref``: live sequences whose path passes through it (0: evictable).
+    """
+
+    id: int
+    parent: int | None
+    tokens: tuple
+    pages: tuple
+    lock_ref: int
 
 def make_prefix_index(cfg) -> PrefixIndex:
     """A fresh index of the class ``cfg.prefix_cache`` names, ranked by ``cfg.eviction_policy``.

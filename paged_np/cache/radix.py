@@ -149,10 +149,6 @@ class RadixIndex(PrefixIndex):
             stack.extend((c, d + 1) for c in node.children.values())
         return best
 
-    @property
-    def num_locked_nodes(self) -> int:
-        return sum(1 for n in self.nodes() if n.lock_ref > 0)
-
     def path(self, node: TreeNode) -> list[TreeNode]:
         """Nodes from just below the root down to ``node``."""
         out = []
@@ -167,7 +163,8 @@ class RadixIndex(PrefixIndex):
 
     def stats(self) -> dict:
         return {"indexed_pages": len(self._page_node), "radix_nodes": self.num_nodes,
-                "radix_depth": self.depth, "radix_locked_nodes": self.num_locked_nodes}
+                "radix_depth": self.depth,
+                "radix_locked_nodes": sum(1 for n in self.nodes() if n.lock_ref > 0)}
 
     # --------------------------------------------------------------- operations
     def match_prefix(self, token_ids, extra_key: bytes | None = None):
@@ -446,3 +443,7 @@ class RadixIndex(PrefixIndex):
             assert n.lock_ref == locks.get(n.id, 0), (
                 f"node {n.id}: lock_ref {n.lock_ref}, but {locks.get(n.id, 0)} live "
                 "sequences pass through it")
+
+    def walk(self) -> list:
+        """:meth:`PrefixIndex.walk`: every node below a root, parents before children."""
+        return [n.record() for n in self.nodes()]

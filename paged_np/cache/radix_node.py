@@ -18,6 +18,8 @@ Each :class:`TreeNode` (fields named as in the SGLang paper) holds
 
 from __future__ import annotations
 
+from .prefix_index import IndexNode
+
 
 class TreeNode:
     """One node of the radix tree: an edge's token run and the pages holding it."""
@@ -57,3 +59,9 @@ class TreeNode:
     def __repr__(self):
         return (f"TreeNode(id={self.id}, tokens={len(self.key)}, pages={self.value}, "
                 f"lock_ref={self.lock_ref}, children={len(self.children)})")
+
+    def record(self) -> IndexNode:
+        """This node as :meth:`~paged_np.cache.prefix_index.PrefixIndex.walk` reports it."""
+        below_root = self.parent is None or self.parent.parent is None
+        return IndexNode(self.id, None if below_root else self.parent.id, tuple(self.key),
+                         tuple(self.value), self.lock_ref)

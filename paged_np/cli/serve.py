@@ -8,7 +8,7 @@
     python -m paged_np serve --model tiny-random --open  # and watch the cache: /dashboard
 
 Then point any OpenAI client at ``http://127.0.0.1:8000/v1`` (see
-:mod:`paged_np.engine.server` for the endpoints). Ctrl-C or SIGTERM lets
+:mod:`paged_np.server` for the endpoints). Ctrl-C or SIGTERM lets
 in-flight requests finish for ``--drain-timeout`` seconds, aborts the rest
 and exits.
 
@@ -18,21 +18,26 @@ listens. ``--api-key KEY`` (vLLM's flag) makes every route but ``/health`` answe
 ``?api_key=KEY``). The dashboard shows token counts, pages and states; only
 ``--dashboard-show-text`` adds the prompts' and answers' text to ``/v1/cache``.
 
-Every :class:`~paged_np.EngineConfig` field is a flag (``--help`` lists them,
-:mod:`paged_np.cli.options` makes them), so an engine option reaches the
-server without a line here.
+Every :class:`~paged_np.EngineConfig` field and every
+:class:`~paged_np.server.ServerConfig` field is a flag (``--help`` lists them,
+:mod:`paged_np.cli.options` makes them). The command builds one config of each
+from what it parsed and hands the objects on, so an option added to either
+reaches the server without a line here.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
+from ..server.config import ServerConfig
 from . import kv_capacity_line
 from .options import (
+    add_config_args,
     add_engine_args,
     add_quantization_arg,
+    config_from_args,
     engine_config,
-    engine_options,
     quantization_of,
 )
 
@@ -48,22 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  description="An OpenAI-compatible server over the paged engine.")
     ap.add_argument("--model", default="smollm2-135m-instruct",
                     help=f"known name, .gguf file, Hugging Face directory, or {TINY_MODEL!r}")
-    ap.add_argument("--served-model-name", default=None,
-                    help="the name clients send as 'model' (default: --model)")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--seed", type=int, default=0, help="weights seed of --model tiny-random")
-    ap.add_argument("--drain-timeout", type=float, default=5.0,
-                    help="seconds in-flight requests get to finish at shutdown")
-    ap.add_argument("--log-level", default="info")
-    ap.add_argument("--api-key", default=None,
-                    help="every route but /health answers 401 without 'Authorization: Bearer "
-                         "KEY' (the dashboard's routes also take ?api_key=KEY)")
-    ap.add_argument("--open", action="store_true",
-                    help="open the dashboard (/dashboard) in the browser once the server listens")
-    ap.add_argument("--dashboard-show-text", action="store_true",
-                    help="let /v1/cache and the dashboard show prompt and answer text "
-                         "(default: token counts, pages and states only)")
+    # every ServerConfig field is a flag (--port, --api-key, --open ...)
+    add_config_args(ap, ServerConfig, "server", "the HTTP server (paged_np.server.ServerConfig)")
     # every EngineConfig field is a flag (--prefix-cache radix --schedule lpm ...);
     # a server seats more sequences, and batches more tokens, than the library's defaults
     add_quantization_arg(ap)
@@ -84,35 +76,45 @@ def tiny_model(seed: int = 0):
     return LlamaModel.random(cfg, seed=seed), tok
 
 
-def build_llm(args):
-    """The :class:`paged_np.LLM` the server drives, from the command's options."""
+def build_llm(args, config=None):
+    """The :class:`paged_np.LLM` the server drives: ``--model`` run with ``config``
+    (an :class:`~paged_np.EngineConfig`; default: the one the flags describe)."""
     from ..engine.llm import LLM
 
+    config = config or engine_config(args)
     if args.model == TINY_MODEL:
         model, tok = tiny_model(args.seed)
     else:
         from ..models import load_model
 
         model, tok = load_model(args.model, quantization=quantization_of(args))
-    llm = LLM(model, tokenizer=tok, verbose=True, **engine_options(args))
+    llm = LLM(model, tokenizer=tok, verbose=True, config=config)
     llm.model_name = args.served_model_name or args.model
     return llm
+
+
+def server_config(args, parser=None) -> ServerConfig:
+    """The :class:`ServerConfig` the flags describe; the model's name is ``--model``'s
+    unless ``--served-model-name`` says otherwise."""
+    config = config_from_args(ServerConfig, args, parser)
+    return dataclasses.replace(config, served_model_name=config.served_model_name or args.model)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    engine_config(args, parser)                  # a refused option exits here, before loading
+    # both configs are built, and a refused option exits, here, before loading
+    engine_cfg = engine_config(args, parser)
+    server_cfg = server_config(args, parser)
     quantization_of(args, parser, random_model=args.model == TINY_MODEL)
-    from ..engine.server import serve
+    from ..server import serve
 
-    llm = build_llm(args)
-    print(f"serving {args.served_model_name or args.model} on http://{args.host}:{args.port}/v1 "
+    llm = build_llm(args, engine_cfg)
+    where = f"http://{server_cfg.host}:{server_cfg.port}"
+    print(f"serving {server_cfg.served_model_name} on {where}/v1 "
           f"({llm.engine.cache.cfg.num_pages} pages of {llm.engine.cache.cfg.page_size} tokens)",
           flush=True)
     print(kv_capacity_line(llm.engine.cache.cfg), flush=True)
-    print(f"the cache, live: http://{args.host}:{args.port}/dashboard", flush=True)
-    serve(llm, host=args.host, port=args.port, served_model_name=args.served_model_name
-          or args.model, drain_s=args.drain_timeout, log_level=args.log_level,
-          api_key=args.api_key, show_text=args.dashboard_show_text, open_browser=args.open)
+    print(f"the cache, live: {where}/dashboard", flush=True)
+    serve(llm, config=server_cfg)
     return 0

@@ -11,8 +11,10 @@ Read in this order:
    (:mod:`.admission` orders the queue, :mod:`.swap` keeps swapped pages);
 5. :mod:`.engine` -- :class:`Engine`, one step = schedule, model forward, sample
    (:mod:`.stats` counts what happened);
-6. :mod:`.llm` -- :class:`LLM`, vLLM's offline API: text in, text out;
-7. :mod:`.server` -- the OpenAI-compatible HTTP server over an :class:`LLM`.
+6. :mod:`.llm` -- :class:`LLM`, vLLM's offline API: text in, text out.
+
+The OpenAI-compatible HTTP server over an :class:`LLM` sits above the engine, in
+:mod:`paged_np.server` (the engine never imports it).
 """
 
 from ..lazy import lazy_exports

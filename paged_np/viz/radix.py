@@ -18,73 +18,82 @@ from ..errors import InvalidArgument
 from .arena import STATE_COLORS, pyplot
 
 
-def _tree_of(cache_or_tree):
-    from ..cache.radix import RadixCache
+def _index_of(cache_or_index):
+    """The prefix index of a cache (or the index itself), and its tree (PrefixIndex.walk)."""
+    from ..cache.prefix_index import PrefixIndex
 
-    tree = getattr(cache_or_tree, "prefix_index", cache_or_tree)
-    if not isinstance(tree, RadixCache):
+    index = getattr(cache_or_index, "prefix_index", cache_or_index)
+    nodes = index.walk() if isinstance(index, PrefixIndex) else None
+    if nodes is None:
         raise InvalidArgument(
-            "draw_radix_tree needs a PagedKVCache with prefix_cache='radix' or a RadixCache")
-    return tree
+            "draw_radix_tree needs a PagedKVCache with prefix_cache='radix' or a RadixIndex")
+    return index, nodes
 
 
 def _label(node, max_tokens: int) -> str:
-    toks = " ".join(str(t) for t in node.key[:max_tokens])
-    if len(node.key) > max_tokens:
-        toks += f" …(+{len(node.key) - max_tokens})"
-    pages = node.value
+    toks = " ".join(str(t) for t in node.tokens[:max_tokens])
+    if len(node.tokens) > max_tokens:
+        toks += f" …(+{len(node.tokens) - max_tokens})"
+    pages = node.pages
     pg = (",".join(map(str, pages)) if len(pages) <= 4
           else f"{pages[0]},{pages[1]},…,{pages[-1]} ({len(pages)})")
     return f"[{toks}]\npages {pg}\nlock_ref {node.lock_ref}"
 
 
-def _layout(tree) -> dict:
-    """node id -> (x, depth): leaves at consecutive x, a parent over its children's middle."""
+def _layout(nodes) -> dict:
+    """node id -> (x, depth), the root's id None: leaves at consecutive x, a parent over
+    its children's middle. ``nodes``: :class:`IndexNode` records, parents first."""
+    kids: dict = {}
+    for n in nodes:
+        kids.setdefault(n.parent, []).append(n.id)
     pos: dict = {}
     next_x = [0.0]
 
-    def place(node, depth):
-        kids = sorted(node.children.values(), key=lambda n: n.id)
-        if not kids:
-            pos[node.id] = (next_x[0], depth)
+    def place(node_id, depth):
+        below = sorted(kids.get(node_id, ()))
+        if not below:
+            pos[node_id] = (next_x[0], depth)
             next_x[0] += 1.0
             return
-        for c in kids:
+        for c in below:
             place(c, depth + 1)
-        xs = [pos[c.id][0] for c in kids]
-        pos[node.id] = ((min(xs) + max(xs)) / 2, depth)
+        xs = [pos[c][0] for c in below]
+        pos[node_id] = ((min(xs) + max(xs)) / 2, depth)
 
-    for root in tree._roots.values():
-        place(root, 0)
+    place(None, 0)
     return pos
 
 
 def draw_radix_tree(cache, ax=None, title: str | None = None, max_tokens: int = 4):
-    """Draw the tree of ``cache`` (a radix PagedKVCache, or a RadixCache); returns the Figure."""
+    """Draw the tree of ``cache`` (a radix PagedKVCache, or a RadixIndex); returns the Figure.
+
+    It reads the index through its public methods only: :meth:`PrefixIndex.walk`
+    (the nodes) and :meth:`PrefixIndex.eviction_order` (the next victim).
+    """
     plt = pyplot()
-    tree = _tree_of(cache)
+    index, nodes = _index_of(cache)
     if ax is None:
         fig, ax = plt.subplots(figsize=(6, 3.5))
     else:
         fig = ax.figure
-    pos = _layout(tree)
-    order = tree.eviction_order()
-    victim = tree.node_of(order[0]) if order else None
-    for root in tree._roots.values():
-        x, y = pos[root.id]
-        ax.plot([x], [-y], "o", color="black", ms=5, zorder=3)
-        ax.annotate("root", (x, -y), xytext=(0, 7), textcoords="offset points",
-                    ha="center", fontsize=7)
-    for node in tree.nodes():
+    pos = _layout(nodes)
+    order = index.eviction_order()
+    victim = next((n.id for n in nodes if order and order[0] in n.pages), None)
+    x, y = pos[None]
+    ax.plot([x], [-y], "o", color="black", ms=5, zorder=3)
+    ax.annotate("root", (x, -y), xytext=(0, 7), textcoords="offset points",
+                ha="center", fontsize=7)
+    for node in nodes:
         x, y = pos[node.id]
-        px, py = pos[node.parent.id]
+        px, py = pos[node.parent]
         ax.plot([px, x], [-py, -y], color="#888888", lw=1, zorder=1)
         color = STATE_COLORS["in_use"] if node.lock_ref else STATE_COLORS["cached"]
-        edge = "#d62728" if node is victim else "#333333"
+        is_victim = node.id == victim
+        edge = "#d62728" if is_victim else "#333333"
         ax.text(x, -y, _label(node, max_tokens), ha="center", va="center", fontsize=6.5,
                 color="white" if node.lock_ref else "black", zorder=2,
                 bbox=dict(boxstyle="round,pad=0.3", fc=color, ec=edge,
-                          lw=2 if node is victim else 0.8))
+                          lw=2 if is_victim else 0.8))
     xs = [p[0] for p in pos.values()] or [0]
     ys = [-p[1] for p in pos.values()] or [0]
     ax.set_xlim(min(xs) - 0.7, max(xs) + 0.7)

@@ -3,7 +3,9 @@ the ``/dashboard`` page (schema version 1).
 
 Everything here runs on the engine loop's thread, between two steps, and reads
 the engine and the cache through their public methods only (``cache.pool``,
-``cache.sequence``, ``cache.prefix_index``, ``engine.scheduler``, ``engine.stats()``).
+``cache.block_table``, ``cache.num_released_pages``, ``cache.prefix_index.walk()``,
+``engine.scheduler``, ``engine.stats()``): it never asks which index the cache
+has, nor reads a tree node or a request's sequence.
 
 **The snapshot** (``GET /v1/cache``, and the stream's first event)::
 
@@ -249,7 +251,7 @@ class CacheView:
     def config(self) -> dict:
         cfg, ecfg = self.cache.cfg, self.engine.config
         return {"num_pages": cfg.num_pages, "page_size": cfg.page_size,
-                "prefix_cache": self.cache.prefix_index.kind,
+                "prefix_cache": cfg.prefix_cache,
                 "eviction_policy": self.cache.pool.eviction_policy,
                 "schedule": ecfg.schedule, "kv_cache_dtype": cfg.kv_cache_dtype,
                 "bytes_per_page": cfg.bytes_per_page, "max_num_seqs": ecfg.max_num_seqs,
@@ -264,13 +266,12 @@ class CacheView:
                 "requests": self.requests(), "counters": self.engine.stats()}
 
     def tree(self) -> dict | None:
-        index = self.cache.prefix_index
-        if index.kind != "radix":
+        """The index's tree (:meth:`PrefixIndex.walk`), or None for an index with none."""
+        nodes = self.cache.prefix_index.walk()
+        if nodes is None:
             return None
-        return {"nodes": [{"id": n.id,
-                           "parent": n.parent.id if n.parent.parent is not None else None,
-                           "num_tokens": len(n.key), "pages": list(n.value),
-                           "lock_ref": n.lock_ref} for n in index.nodes()]}
+        return {"nodes": [{"id": n.id, "parent": n.parent, "num_tokens": len(n.tokens),
+                           "pages": list(n.pages), "lock_ref": n.lock_ref} for n in nodes]}
 
     def requests(self) -> dict:
         sched = self.engine.scheduler
@@ -285,8 +286,9 @@ class CacheView:
 
     def _request(self, req) -> dict:
         rid, j = req.parent.request_id, req.sample.index
-        seq = req.seq
-        num_pages = len(seq.block_table) - seq.num_released_pages if seq is not None else 0
+        sid, cache = req.seq_id, self.cache
+        num_pages = (len(cache.block_table(sid)) - cache.num_released_pages(sid)
+                     if sid in cache else 0)
         r = {"id": _owner_id(req), "request_id": rid, "sample": j, "status": req.status,
              "num_tokens": req.num_tokens, "num_computed_tokens": req.num_computed_tokens,
              "num_pages": num_pages,
@@ -311,7 +313,7 @@ class CacheView:
         for sid in self.cache.seq_ids:
             req = by_seq.get(sid)
             owner = _owner_id(req) if req is not None else str(sid)
-            for p in self.cache.sequence(sid).block_table:
+            for p in self.cache.block_table(sid).tolist():
                 if p >= 0:
                     refs[p] = refs.get(p, 0) + 1
                     owners.setdefault(p, owner)

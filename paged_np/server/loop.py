@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ...errors import InvalidArgument, PagedNPError
+from ..errors import InvalidArgument, PagedNPError
 from .cache_view import CacheView
 from .metrics import ServerMetrics
 
@@ -181,8 +181,7 @@ class EngineLoop:
                 stream.push(_error_update(stream, str(e), status))
                 continue
             self._streams[rid] = stream
-            with self.metrics.lock:
-                self.metrics.counters["prompt_tokens_total"] += len(prompt_ids)
+            self.metrics.prompt_tokens.inc(len(prompt_ids))
         if applied:                                      # an abort frees pages: show it now
             self._update_gauges()
             self.view.mark_dirty()
@@ -211,8 +210,7 @@ class EngineLoop:
                                       stream.prompt_tokens, 0)
             stream.push(dataclasses.replace(
                 u, finish_reasons=tuple(r or reason for r in u.finish_reasons)))
-        with self.metrics.lock:
-            self.metrics.finished["abort"] = self.metrics.finished.get("abort", 0) + 1
+        self.metrics.finish("abort")
 
     def _step(self) -> None:
         t0 = time.perf_counter()
@@ -223,8 +221,7 @@ class EngineLoop:
             for rid in list(self._streams):
                 stream = self._streams.pop(rid)
                 stream.push(_error_update(stream, f"engine error: {e!r}", 500))
-                with self.metrics.lock:
-                    self.metrics.finished["error"] = self.metrics.finished.get("error", 0) + 1
+                self.metrics.finish("error")
                 try:
                     self.llm.abort(rid)
                 except Exception:                        # noqa: BLE001
@@ -234,34 +231,32 @@ class EngineLoop:
         now = time.perf_counter()
         m = self.metrics
         deliveries: dict = {}                            # event loop -> [(queue, update)]
-        with m.lock:
-            m.counters["engine_steps_total"] += 1
-            m.step_time.observe(now - t0)
-            stepped = 0
-            for out in outs:
-                stream = self._streams.get(out.request_id)
-                if stream is None:                       # aborted while it stepped
-                    continue
-                update = _snapshot(out)
-                new = sum(update.num_tokens) - stream.num_tokens
-                if new > 0:
-                    stepped += 1
-                    m.counters["generation_tokens_total"] += new
-                    if stream.last_token is None:
-                        m.ttft.observe(now - stream.arrival)
-                    else:
-                        m.itl.observe(now - stream.last_token)
-                    stream.last_token, stream.num_tokens = now, sum(update.num_tokens)
-                stream.last = update
-                deliveries.setdefault(stream.aloop, []).append((stream.queue, update))
-                if update.finished:
-                    del self._streams[out.request_id]
-                    m.e2e.observe(now - stream.arrival)
-                    m.counters["prefix_cache_cached_tokens_total"] += update.cached_tokens
-                    reason = "error" if update.error else update.finish_reasons[0]
-                    m.finished[reason] = m.finished.get(reason, 0) + 1
-            if stepped:
-                m.step_requests.observe(stepped)
+        m.engine_steps.inc()
+        m.step_time.observe(now - t0)
+        stepped = 0
+        for out in outs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:                           # aborted while it stepped
+                continue
+            update = _snapshot(out)
+            new = sum(update.num_tokens) - stream.num_tokens
+            if new > 0:
+                stepped += 1
+                m.generation_tokens.inc(new)
+                if stream.last_token is None:
+                    m.ttft.observe(now - stream.arrival)
+                else:
+                    m.itl.observe(now - stream.last_token)
+                stream.last_token, stream.num_tokens = now, sum(update.num_tokens)
+            stream.last = update
+            deliveries.setdefault(stream.aloop, []).append((stream.queue, update))
+            if update.finished:
+                del self._streams[out.request_id]
+                m.e2e.observe(now - stream.arrival)
+                m.cached_tokens.inc(update.cached_tokens)
+                m.finish("error" if update.error else update.finish_reasons[0])
+        if stepped:
+            m.step_requests.observe(stepped)
         # One hand-over per event loop and step, not one per request: every wake-up
         # of the HTTP thread costs a trip through the GIL.
         for aloop, items in deliveries.items():
@@ -270,27 +265,8 @@ class EngineLoop:
         self.view.mark_dirty()
 
     def _update_gauges(self) -> None:
-        """Copy the engine's public snapshot (:meth:`Engine.stats`) into the gauges."""
-        st = self.llm.engine.stats()
-        m = self.metrics
-        with m.lock:
-            g, c = m.gauges, m.counters
-            g["num_requests_running"] = st["num_requests_running"]
-            g["num_requests_waiting"] = st["num_requests_waiting"]
-            g["kv_pages_in_use"] = st["kv_pages_in_use"]
-            g["kv_pages_total"] = st["kv_pages_total"]
-            g["kv_cache_usage_perc"] = st["kv_cache_usage"]
-            g["prefix_cache_hit_rate"] = st["prefix_hit_rate"]
-            g["prefix_cache_readmission_hit_rate"] = st["readmission_hit_rate"]
-            c["prefix_cache_queries_total"] = st["prompt_tokens"]
-            c["prefix_cache_hits_total"] = st["prefix_hit_tokens"]
-            c["num_preemptions_total"] = st["preemptions"]
-            c["kv_cache_evictions_total"] = st["evictions"]
-            g["spec_decode_draft_acceptance_rate"] = st["spec_acceptance_rate"]
-            c["spec_decode_num_drafts_total"] = st["spec_num_drafts"]
-            c["spec_decode_num_draft_tokens_total"] = st["spec_num_draft_tokens"]
-            c["spec_decode_num_accepted_tokens_total"] = st["spec_num_accepted_tokens"]
-            c["cache_view_seconds_total"] = self.view.busy_s
+        """Hand the engine's public snapshot (:meth:`Engine.stats`) to the metrics."""
+        self.metrics.set_engine_stats(self.llm.engine.stats(), self.view.busy_s)
 
 
 def _snapshot(out) -> Update:

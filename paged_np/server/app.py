@@ -1,5 +1,6 @@
 """The FastAPI app: handlers validate, enqueue, and read their request's queue; ``serve``
-runs it, ``ServerThread`` runs it in a thread (tests, notebooks). The cache's routes
+runs it, ``ServerThread`` runs it in a thread (tests, notebooks). Each takes one
+:class:`~paged_np.server.ServerConfig` (or its fields as keywords). The cache's routes
 are in :mod:`.cache_routes`, ``--api-key`` in :mod:`.auth`."""
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ...errors import ChatTemplateError, PagedNPError
-from ..sampling import SamplingParams
+from ..engine.sampling import SamplingParams
+from ..errors import ChatTemplateError, InvalidArgument, PagedNPError
 from .auth import APIKeyMiddleware
 from .cache_routes import add_cache_routes
+from .config import ServerConfig
 from .dashboard import router as dashboard_router
 from .loop import EngineLoop
 from .metrics import ServerMetrics
@@ -33,14 +35,21 @@ from .schemas import APIError, ChatCompletionRequest, CompletionRequest, validat
 class Server:
     """The handlers' view of one served model: validation and result reading."""
 
-    def __init__(self, llm, served_model_name: str | None = None, max_n: int | None = None,
-                 show_text: bool = False):
+    def __init__(self, llm, config: ServerConfig | None = None):
+        config = ServerConfig.from_options(config)
         self.llm = llm
+        self.config = config
         self.tokenizer = llm.tokenizer
-        self.model_name = served_model_name or getattr(llm, "model_name", None) or "paged-np"
+        self.model_name = (config.served_model_name or getattr(llm, "model_name", None)
+                           or "paged-np")
         self.max_model_len = int(llm.max_model_len)
-        self.max_n = int(max_n or llm.engine.config.max_num_seqs)
-        self.loop = EngineLoop(llm, show_text=show_text)
+        max_num_seqs = llm.engine.config.max_num_seqs
+        if config.max_n is not None and config.max_n > max_num_seqs:
+            raise InvalidArgument(f"ServerConfig.max_n ({config.max_n}) must be <= the "
+                                  f"engine's max_num_seqs ({max_num_seqs}): a request's "
+                                  "samples run at once")
+        self.max_n = config.max_n or max_num_seqs
+        self.loop = EngineLoop(llm, show_text=config.show_text)
         self.created = int(time.time())
         self._ids = itertools.count()
 
@@ -118,17 +127,19 @@ class Server:
         return rid, q
 
 
-def create_app(llm, served_model_name: str | None = None, max_n: int | None = None,
-               drain_s: float = 0.0, api_key: str | None = None, show_text: bool = False):
-    """The FastAPI app serving ``llm`` (a :class:`paged_np.LLM`).
+def create_app(llm, config: ServerConfig | None = None, **options):
+    """The FastAPI app serving ``llm`` (a :class:`paged_np.LLM`) as ``config`` says.
 
+    ``options`` replace fields of ``config`` (:meth:`ServerConfig.from_options`).
     The engine loop starts with the app and stops with it: at shutdown,
     requests still running get ``drain_s`` seconds to finish, then are aborted.
     ``api_key``: every route but ``/health`` answers 401 without it
     (:mod:`.auth`). ``show_text``: the cache's view (``/v1/cache``) includes
     each request's prompt and answer text; by default only counts and pages.
     """
-    srv = Server(llm, served_model_name, max_n, show_text=show_text)
+    config = ServerConfig.from_options(config, **options)
+    drain_s = config.drain_s
+    srv = Server(llm, config)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -140,8 +151,8 @@ def create_app(llm, served_model_name: str | None = None, max_n: int | None = No
     app.state.server = srv
     app.include_router(dashboard_router)                 # GET /dashboard: the page, no data
     add_cache_routes(app, srv)                           # GET /v1/cache and its stream
-    if api_key is not None:
-        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    if config.api_key is not None:
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
 
     @app.exception_handler(APIError)
     async def api_error(request, e: APIError):
@@ -209,8 +220,9 @@ def create_app(llm, served_model_name: str | None = None, max_n: int | None = No
 
     @app.get("/metrics")
     async def metrics():
+        # the text format generate_latest writes (Prometheus's classic 0.0.4)
         return PlainTextResponse(srv.loop.metrics.render(),
-                                 media_type="text/plain; version=0.0.4")
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
     async def models():
@@ -252,10 +264,9 @@ def create_app(llm, served_model_name: str | None = None, max_n: int | None = No
     return app
 
 
-def serve(llm, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
-          drain_s: float = 5.0, log_level: str = "info", api_key: str | None = None,
-          show_text: bool = False, open_browser: bool = False) -> None:
-    """Run the server until Ctrl-C or SIGTERM.
+def serve(llm, config: ServerConfig | None = None, **options) -> None:
+    """Run the server as ``config`` says (``options`` replace its fields) until Ctrl-C
+    or SIGTERM.
 
     On the signal uvicorn stops accepting connections and gives in-flight
     requests ``drain_s`` seconds to finish; the engine loop then aborts what
@@ -265,8 +276,9 @@ def serve(llm, host: str = "127.0.0.1", port: int = 8000, served_model_name: str
     """
     import uvicorn
 
-    app = create_app(llm, served_model_name, drain_s=drain_s, api_key=api_key,
-                     show_text=show_text)
+    config = ServerConfig.from_options(config, **options)
+    drain_s = config.drain_s
+    app = create_app(llm, config)
     engine_loop = app.state.server.loop
 
     class _Server(uvicorn.Server):
@@ -281,11 +293,11 @@ def serve(llm, host: str = "127.0.0.1", port: int = 8000, served_model_name: str
                 self.force_exit = True                   # a second Ctrl-C: stop waiting
             self.should_exit = True
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=drain_s + 5.0)
-    server = _Server(config)
-    if open_browser:
-        open_when_started(server, dashboard_url(host, port))
+    server = _Server(uvicorn.Config(app, host=config.host, port=config.port,
+                                    log_level=config.log_level,
+                                    timeout_graceful_shutdown=drain_s + 5.0))
+    if config.open_browser:
+        open_when_started(server, dashboard_url(config.host, config.port))
     server.run()
 
 
@@ -322,25 +334,30 @@ class ServerThread:
         with ServerThread(llm) as srv:
             client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
 
-    Leaving the ``with`` block shuts it down as Ctrl-C would.
+    Leaving the ``with`` block shuts it down as Ctrl-C would. Without ``config`` it
+    starts from :attr:`DEFAULTS` (a free port, a short drain, quiet logs); ``options``
+    replace fields (``ServerThread(llm, api_key="k")``).
     """
 
-    def __init__(self, llm, served_model_name: str | None = None, drain_s: float = 1.0,
-                 host: str = "127.0.0.1", api_key: str | None = None, show_text: bool = False):
+    #: A test's server: port 0 (the OS picks a free one), 1 s of drain, warnings only.
+    DEFAULTS = ServerConfig(port=0, drain_s=1.0, log_level="warning")
+
+    def __init__(self, llm, config: ServerConfig | None = None, **options):
         import socket
 
         import uvicorn
 
-        self.app = create_app(llm, served_model_name, drain_s=drain_s, api_key=api_key,
-                              show_text=show_text)
-        self.drain_s = drain_s
+        config = ServerConfig.from_options(config or self.DEFAULTS, **options)
+        self.config = config
+        self.app = create_app(llm, config)
+        self.drain_s = config.drain_s
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.bind((host, 0))                       # port 0: the OS picks a free one
+        self._sock.bind((config.host, config.port))
         self.port = self._sock.getsockname()[1]
-        self.url = f"http://{host}:{self.port}"
-        config = uvicorn.Config(self.app, log_level="warning",
-                                timeout_graceful_shutdown=drain_s + 5.0)
-        self.server = uvicorn.Server(config)
+        self.url = f"http://{config.host}:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(
+            self.app, log_level=config.log_level,
+            timeout_graceful_shutdown=config.drain_s + 5.0))
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]},
                                         name="paged_np-http", daemon=True)
 

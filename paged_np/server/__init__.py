@@ -25,15 +25,16 @@ How it is built (vLLM's shape, in one process):
 - **Errors have OpenAI's shape**: ``{"error": {"message", "type", "param",
   "code"}}``, status 400 for a bad request (the server keeps serving), 404
   for an unknown route, 500 when the engine fails one request (only that one).
-- ``GET /metrics`` speaks Prometheus text with vLLM's metric names under a
-  ``paged_np:`` prefix (see :class:`ServerMetrics`).
+- ``GET /metrics`` speaks Prometheus text, written by ``prometheus_client``,
+  with vLLM's metric names under a ``paged_np:`` prefix (see :class:`ServerMetrics`).
 - **The cache, live**: ``GET /v1/cache`` is a JSON snapshot of the pages, the
   eviction order, the radix tree and the queues; ``GET /v1/cache/stream`` sends
   it, then what changed, at most 10 times a second; ``GET /dashboard`` draws
   them. The engine loop builds both between steps (:class:`CacheView`).
 - ``--api-key KEY`` guards every route but ``/health`` (:mod:`.auth`).
 
-The files, in reading order: :mod:`.schemas` (request bodies and errors),
+The files, in reading order: :mod:`.config` (:class:`ServerConfig`, every server
+option), :mod:`.schemas` (request bodies and errors),
 :mod:`.loop` (the engine loop), :mod:`.app` (the handlers, ``serve`` and
 ``ServerThread``), :mod:`.responses` (the bodies they send) and
 :mod:`.logprobs_view` (logprobs in OpenAI's shapes), :mod:`.metrics`
@@ -41,33 +42,48 @@ The files, in reading order: :mod:`.schemas` (request bodies and errors),
 :mod:`.cache_routes` (its two routes),
 :mod:`.dashboard` (the page), :mod:`.auth` (``--api-key``).
 
+This package sits above the engine: it reads an :class:`~paged_np.LLM` and its
+engine through their public methods, and nothing in :mod:`paged_np.engine` imports it.
+:class:`ServerConfig` is plain Python; the rest needs FastAPI and uvicorn (the
+``serve`` extra) and is imported when first used, so ``python -m paged_np serve
+--help`` and ``ServerConfig`` work without them.
+
 Compared with vLLM: the engine runs in a thread of the server's process
 (vLLM runs it in its own process and talks over ZeroMQ); no tools, ``echo``
 (nor vLLM's ``prompt_logprobs`` field) or embeddings; one model per server.
 """
 
-from .app import Server, ServerThread, create_app, serve
-from .cache_view import CacheView, Subscriber
-from .loop import EngineLoop, Update
-from .metrics import ITL_BUCKETS, TTFT_BUCKETS, Histogram, ServerMetrics
-from .schemas import APIError, ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions
+from importlib import import_module
 
-__all__ = [
-    "APIError",
-    "CacheView",
-    "ChatCompletionRequest",
-    "ChatMessage",
-    "CompletionRequest",
-    "EngineLoop",
-    "Histogram",
-    "ITL_BUCKETS",
-    "Server",
-    "ServerMetrics",
-    "ServerThread",
-    "StreamOptions",
-    "Subscriber",
-    "TTFT_BUCKETS",
-    "Update",
-    "create_app",
-    "serve",
-]
+from .config import ServerConfig
+
+#: Each public name -> the module that defines it (imported on first use: FastAPI's).
+_WHERE = {
+    "APIError": ".schemas",
+    "CacheView": ".cache_view",
+    "ChatCompletionRequest": ".schemas",
+    "ChatMessage": ".schemas",
+    "CompletionRequest": ".schemas",
+    "EngineLoop": ".loop",
+    "ITL_BUCKETS": ".metrics",
+    "TTFT_BUCKETS": ".metrics",
+    "Server": ".app",
+    "ServerMetrics": ".metrics",
+    "ServerThread": ".app",
+    "StreamOptions": ".schemas",
+    "Subscriber": ".cache_view",
+    "Update": ".loop",
+    "create_app": ".app",
+    "serve": ".app",
+}
+
+__all__ = ["ServerConfig", *_WHERE]
+
+
+def __getattr__(name: str):
+    """``paged_np.server.X``: import X's module now (PEP 562), and keep X here."""
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(_WHERE[name], __name__), name)
+    globals()[name] = value
+    return value
