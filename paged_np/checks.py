@@ -120,3 +120,22 @@ def parse_bytes(value, name: str = "kv_cache_memory") -> int:
     if n <= 0:
         raise InvalidArgument(f"{name} must be > 0 bytes, got {value!r}")
     return n
+
+
+def replace_fields(cls, config, options: dict, what: str):
+    """``config`` (an instance of the frozen dataclass ``cls``, or None for its defaults)
+    with ``options`` replacing fields; an unknown option is refused with the known ones.
+    How :meth:`EngineConfig.from_options` and ``ServerConfig.from_options`` take keywords."""
+    import dataclasses
+
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise InvalidArgument(f"unknown {what} option(s) {unknown}; the options are "
+                              f"{sorted(known)}")
+    if config is None:
+        return cls(**options)
+    if not isinstance(config, cls):
+        raise DTypeError(f"config must be a{'n' if cls.__name__[0] in 'AEIOU' else ''} "
+                         f"{cls.__name__}, got {type(config).__name__}")
+    return dataclasses.replace(config, **options)

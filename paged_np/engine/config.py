@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..checks import check_int, check_positive_int, parse_bytes
+from ..checks import check_int, check_positive_int, parse_bytes, replace_fields
 from ..config import CacheConfig, ModelConfig, check_choice, check_eviction_policy
 from ..errors import DTypeError, InvalidArgument
 from ..registry import (
@@ -183,20 +183,12 @@ class EngineConfig:
 
         Unknown option names are refused with the list of known ones.
         """
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise InvalidArgument(f"unknown engine option(s) {unknown}; the options are "
-                                  f"{sorted(known)}")
-        if config is None:
-            return cls(**options)
-        if not isinstance(config, cls):
-            raise DTypeError(f"config must be an EngineConfig, got {type(config).__name__}")
-        if "num_pages" in options and "kv_cache_memory" not in options:
-            options["kv_cache_memory"] = None       # one size replaces the other
-        if "kv_cache_memory" in options and "num_pages" not in options:
-            options["num_pages"] = None
-        return dataclasses.replace(config, **options)
+        if config is not None:                      # one size replaces the other
+            if "num_pages" in options and "kv_cache_memory" not in options:
+                options["kv_cache_memory"] = None
+            if "kv_cache_memory" in options and "num_pages" not in options:
+                options["num_pages"] = None
+        return replace_fields(cls, config, options, "engine")
 
     def cache_config(self, model_cfg: ModelConfig, dtype=None) -> CacheConfig:
         """The arena for this model: its layers and heads, these pages.
