@@ -23,13 +23,12 @@ import functools
 import json
 import os
 
-import numba
 import numpy as np
 
 from ..cache.kv_quant import dequantize, quantize
 from ..config import CacheConfig, storage_dtype
+from ..hardware import best_time, cpu_model, isa_info, settle, versions
 from .bench_case import HKV, B, D, H, make_decode_case
-from .machine import best_time, cpu_model, isa_info, settle
 
 FORMATS = ("auto", "float16", "int8", "fp8_e4m3")
 #: (name, num_layers, num_kv_heads, head_dim) of the shapes whose capacity is tabled.
@@ -165,8 +164,7 @@ def run(out_dir: str, quick: bool, log) -> int:
     res = bench_kv_dtypes((2048,) if quick else (2048, 8192), rounds, repeat, log)
     if load:
         load.append(os.getloadavg()[0])
-    res["machine"] = {"cpu": cpu_model(), "isa": isa_info(), "threads": numba.get_num_threads(),
-                      "numba": numba.__version__, "numpy": np.__version__, "quick": quick,
+    res["machine"] = {"cpu": cpu_model(), "isa": isa_info(), **versions(), "quick": quick,
                       "rounds": rounds, "load_average": [round(x, 2) for x in load] or None}
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "kv_dtype.json"), "w") as f:
