@@ -16,6 +16,11 @@ How to read the package, core first:
 4. :mod:`paged_np.engine` -- the serving engine: sampling, the scheduler with
    preemption, outputs, and :class:`Engine` that steps them.
 
+Nothing is imported until it is asked for (:mod:`paged_np.lazy`): ``import
+paged_np`` is cheap, and a float32 NumPy step imports none of the plug-ins
+(:mod:`paged_np.registry` names them). ``docs/reading.md`` lists the files of
+one step in reading order.
+
 Then the tools built on that core: :mod:`paged_np.sim` (the vLLM paper's memory
 figures), :mod:`paged_np.viz` (drawings) and :mod:`paged_np.cli` (the
 ``python -m paged_np`` subcommands). :mod:`paged_np.config`,
@@ -23,20 +28,6 @@ figures), :mod:`paged_np.viz` (drawings) and :mod:`paged_np.cli` (the
 all of them.
 """
 
-from .attention import AttentionMetadata, paged_attention
-from .attention.split_k import merge_attention_states
-from .cache.eviction import EvictionPolicy, FIFOPolicy, LFUPolicy, LRUPolicy
-from .cache.hash_index import HashIndex
-from .cache.kv_cache import BatchMetadata, Event, PagedKVCache
-from .cache.page_pool import PagePool
-from .cache.prefix_index import PrefixIndex, make_prefix_index
-from .cache.radix import RadixCache
-from .config import CacheConfig, ModelConfig
-from .engine.config import EngineConfig, SpeculativeConfig
-from .engine.engine import Engine
-from .engine.llm import LLM
-from .engine.logprobs import Logprob
-from .engine.sampling import SamplingParams
 from .errors import (
     BackendUnavailable,
     ChatTemplateError,
@@ -56,62 +47,31 @@ from .errors import (
     UnknownRequest,
     UnknownSequence,
 )
-from .models import load_model
-from .models.llama import LlamaModel
-from .models.tokenizer import IncrementalDetokenizer, Tokenizer
+from .lazy import lazy_exports
+
+#: Public name -> the module that defines it (imported on first use).
+_EXPORTS = {
+    "BatchMetadata": ".cache.batch", "Event": ".cache.events",
+    "EvictionPolicy": ".cache.eviction", "FIFOPolicy": ".cache.eviction",
+    "LFUPolicy": ".cache.eviction", "LRUPolicy": ".cache.eviction",
+    "PagePool": ".cache.page_pool", "PrefixIndex": ".cache.prefix_index",
+    "make_prefix_index": ".cache.prefix_index", "HashIndex": ".cache.hash_index",
+    "RadixIndex": ".cache.radix", "RadixCache": ".cache.radix", "PagedKVCache": ".cache.kv_cache",
+    "AttentionMetadata": ".attention", "paged_attention": ".attention",
+    "merge_attention_states": ".attention.split_k",
+    "LlamaModel": ".models.llama", "load_model": ".models.load",
+    "Tokenizer": ".models.tokenizer", "IncrementalDetokenizer": ".models.tokenizer",
+    "Engine": ".engine.engine", "LLM": ".engine.llm", "SamplingParams": ".engine.sampling",
+    "Logprob": ".engine.logprobs",
+    "CacheConfig": ".config", "ModelConfig": ".config",
+    "EngineConfig": ".engine.config", "SpeculativeConfig": ".engine.config",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __version__ = "0.1.0"
 
-__all__ = [
-    # cache
-    "BatchMetadata",
-    "Event",
-    "EvictionPolicy",
-    "FIFOPolicy",
-    "LFUPolicy",
-    "LRUPolicy",
-    "PagePool",
-    "PrefixIndex",
-    "HashIndex",
-    "RadixCache",
-    "make_prefix_index",
-    "PagedKVCache",
-    # attention
-    "AttentionMetadata",
-    "merge_attention_states",
-    "paged_attention",
-    # models
-    "LlamaModel",
-    "load_model",
-    "Tokenizer",
-    "IncrementalDetokenizer",
-    # engine
-    "Engine",
-    "LLM",
-    "SamplingParams",
-    "Logprob",
-    # configuration
-    "CacheConfig",
-    "EngineConfig",
-    "ModelConfig",
-    "SpeculativeConfig",
-    # errors
-    "BackendUnavailable",
-    "ChatTemplateError",
-    "CudaUnavailable",
-    "DTypeError",
-    "DuplicateSequence",
-    "IndexOutOfRange",
-    "InvalidArgument",
-    "InvalidBlockTable",
-    "ModelFetchError",
-    "ModelLoadError",
-    "OutOfPages",
-    "PagedNPError",
-    "SequenceTooLong",
-    "ShapeError",
-    "StalePage",
-    "UnknownRequest",
-    "UnknownSequence",
-    "__version__",
-]
+__all__ = [*_EXPORTS, "BackendUnavailable", "ChatTemplateError", "CudaUnavailable",
+           "DTypeError", "DuplicateSequence", "IndexOutOfRange", "InvalidArgument",
+           "InvalidBlockTable", "ModelFetchError", "ModelLoadError", "OutOfPages",
+           "PagedNPError", "SequenceTooLong", "ShapeError", "StalePage", "UnknownRequest",
+           "UnknownSequence", "__version__"]

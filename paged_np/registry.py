@@ -146,7 +146,7 @@ ATTENTION_THREADS.register("numba", None, "numba's own prange threads")
 #: Prefix lookup (``CacheConfig.prefix_cache``): classes of :class:`~paged_np.cache.PrefixIndex`.
 PREFIX_INDEXES = Registry("prefix_cache", "prefix indexes")
 PREFIX_INDEXES.register("hash", "paged_np.cache.hash_index:HashIndex", "vLLM's page-hash chain")
-PREFIX_INDEXES.register("radix", "paged_np.cache.radix:RadixCache", "SGLang's radix tree")
+PREFIX_INDEXES.register("radix", "paged_np.cache.radix:RadixIndex", "SGLang's radix tree")
 
 #: The eviction priority (``eviction_policy``): subclasses of :class:`~paged_np.EvictionPolicy`.
 EVICTION_POLICIES = Registry("eviction_policy", "eviction policies")
@@ -189,10 +189,10 @@ SCHEDULERS.register("vllm", "paged_np.engine.scheduler:Scheduler",
                     "vLLM v1's: running first, preempt the newest, chunked prefill")
 
 #: In which order waiting requests are admitted (``schedule``): functions of
-#: :mod:`paged_np.engine.schedule_policy`.
+#: :mod:`paged_np.engine.admission`.
 SCHEDULES = Registry("schedule", "admission orders")
-SCHEDULES.register("fcfs", "paged_np.engine.schedule_policy:fcfs", "arrival order (vLLM)")
-SCHEDULES.register("lpm", "paged_np.engine.schedule_policy:lpm",
+SCHEDULES.register("fcfs", "paged_np.engine.admission:fcfs", "arrival order (vLLM)")
+SCHEDULES.register("lpm", "paged_np.engine.admission:lpm",
                    "longest cached prefix first (SGLang), starvation bounded")
 
 #: What a preempted request keeps (``preemption_mode``).
@@ -219,11 +219,14 @@ SPEC_METHODS.register("ngram", "paged_np.engine.spec_decode:NgramProposer",
 # --------------------------------------------------------------- the model
 #: How a checkpoint's weights are held (``quantization``); "none" is float32.
 WEIGHT_QUANTIZATIONS = Registry("quantization", "weight quantizations")
-WEIGHT_QUANTIZATIONS.register("gguf", None, "the file's own blocks, float32 inputs")
+#: ``file_blocks``: the loader keeps a ``.gguf`` file's quantized blocks as they are.
+WEIGHT_QUANTIZATIONS.register("gguf", None, "the file's own blocks, float32 inputs",
+                              file_blocks=True)
 WEIGHT_QUANTIZATIONS.register("gguf_a8", None,
-                              "the same blocks times int8 inputs (llama.cpp's arithmetic)")
-WEIGHT_QUANTIZATIONS.register("q8_0", None, "quantize to Q8_0 on load")
-WEIGHT_QUANTIZATIONS.register("none", None, "float32 weights")
+                              "the same blocks times int8 inputs (llama.cpp's arithmetic)",
+                              file_blocks=True)
+WEIGHT_QUANTIZATIONS.register("q8_0", None, "quantize to Q8_0 on load", file_blocks=False)
+WEIGHT_QUANTIZATIONS.register("none", None, "float32 weights", file_blocks=False)
 
 #: Model families: the class that runs each and the names checkpoints give it.
 ARCHITECTURES = Registry("architecture", "model architectures")

@@ -69,9 +69,9 @@ def test_from_options_replaces_and_one_size_replaces_the_other():
 
 
 def test_radix_refuses_a_sliding_window_model_through_the_index_not_a_branch():
-    from paged_np.cache import HashIndex, RadixCache
+    from paged_np.cache import HashIndex, RadixIndex
 
-    assert RadixCache.no_sliding_window and not HashIndex.no_sliding_window
+    assert RadixIndex.no_sliding_window and not HashIndex.no_sliding_window
     model = pnp.LlamaModel.random(pnp.ModelConfig(sliding_window=8), seed=0)
     with pytest.raises(pnp.InvalidArgument, match="sliding-window"):
         pnp.Engine(model, num_pages=8, prefix_cache="radix")

@@ -237,7 +237,7 @@ def test_engine_takes_a_config_and_options_replace_its_fields(model):
     engine = pnp.Engine(model, cfg, schedule="lpm")
     assert engine.config == dataclasses.replace(cfg, schedule="lpm")
     assert (engine.cache.cfg.num_pages, engine.cache.cfg.page_size) == (24, 8)
-    assert engine.scheduler.max_num_seqs == 3 and engine.scheduler.schedule_policy == "lpm"
+    assert engine.scheduler.max_num_seqs == 3 and engine.scheduler.config.schedule == "lpm"
     with pytest.raises(pnp.InvalidArgument, match="unknown engine option"):
         pnp.Engine(model, num_pages=8, max_seqs=2)
 

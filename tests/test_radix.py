@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import paged_np as pnp
-from paged_np.cache.radix import RadixCache
+from paged_np.cache.radix import RadixIndex
 
 
 def radix_cache(num_pages=16, page_size=2):
@@ -37,7 +37,7 @@ def test_engine_refuses_radix_with_a_sliding_window():
 
 # ------------------------------------------------------------- the tree
 def test_match_is_whole_pages_and_a_mid_edge_match_splits():
-    tree = RadixCache(page_size=2)
+    tree = RadixIndex(page_size=2)
     node, added = tree.insert((1, 2, 3, 4, 5, 6), [10, 11, 12])
     tree.lock(node)
     assert added == [10, 11, 12] and tree.num_nodes == 1
@@ -49,14 +49,14 @@ def test_match_is_whole_pages_and_a_mid_edge_match_splits():
 
 
 def test_token_granular_with_page_size_1():
-    tree = RadixCache(page_size=1)
+    tree = RadixIndex(page_size=1)
     tree.insert((5, 6, 7, 8), [0, 1, 2, 3])
     assert tree.match_prefix([5, 6, 7, 0])[0] == [0, 1, 2]
     assert tree.prefix_length([5, 6, 9]) == 2
 
 
 def test_prefix_length_changes_nothing():
-    tree = RadixCache(page_size=1)
+    tree = RadixIndex(page_size=1)
     tree.insert((5, 6, 7, 8), [0, 1, 2, 3])
     before = (tree.num_nodes, [n.last_access_time for n in tree.nodes()])
     assert tree.prefix_length([5, 6, 0]) == 2
@@ -64,7 +64,7 @@ def test_prefix_length_changes_nothing():
 
 
 def test_duplicate_run_is_not_taken_twice():
-    tree = RadixCache(page_size=1)
+    tree = RadixIndex(page_size=1)
     tree.insert((1, 2, 3), [0, 1, 2])
     node, added = tree.insert((1, 2, 4), [5, 6, 7])
     assert added == [7]                                    # 1, 2 were there already
@@ -73,7 +73,7 @@ def test_duplicate_run_is_not_taken_twice():
 
 
 def test_evict_takes_lru_leaves_first_and_never_a_locked_node():
-    tree = RadixCache(page_size=1)
+    tree = RadixIndex(page_size=1)
     a, _ = tree.insert((1, 2, 3, 4), [0, 1, 2, 3])
     b, _ = tree.insert((1, 2, 7, 8), [4, 5, 6, 7])          # splits a's edge after (1, 2)
     c, _ = tree.insert((9, 9), [8, 9])
@@ -94,7 +94,7 @@ def test_evict_takes_lru_leaves_first_and_never_a_locked_node():
 @given(st.lists(st.tuples(st.lists(st.integers(0, 2), min_size=1, max_size=8), st.booleans()),
                 min_size=1, max_size=12), st.integers(1, 40))
 def test_evict_never_touches_a_locked_path(runs, k):
-    tree = RadixCache(page_size=1)
+    tree = RadixIndex(page_size=1)
     next_page = 0
     locked = []
     for key, lock in runs:
@@ -119,7 +119,7 @@ def test_evict_never_touches_a_locked_path(runs, k):
     (lambda t, n: setattr(t, "_num_evictable", t.num_evictable + 1), "num_evictable"),
 ])
 def test_check_invariants_catches_corruption(corrupt, match):
-    tree = RadixCache(page_size=1)
+    tree = RadixIndex(page_size=1)
     tree.insert((1, 2, 3), [0, 1, 2])
     node, _ = tree.insert((1, 2, 5, 6), [3, 4, 5, 6])       # (1, 2) | (3) and (5, 6)
     tree.lock(node)

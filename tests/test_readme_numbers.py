@@ -1,10 +1,12 @@
-"""The README's kernel figures are those of benchmarks/results.md (no hand-copied drift).
+"""The quoted kernel and quantized-weight figures are those of the benchmark files.
 
+The README's headline figures link to ``docs/benchmarks/summary.md``, which quotes
+the benchmark files by hand (the tables the README held until issue 43).
 ``python -m paged_np bench --out benchmarks`` rewrites results.md with one section
-per instruction set measured (``### AVX2 (...) code on CPU``). The README quotes each
-section under a heading ``### Attention kernels, <ISA> code``: a few rows of its
+per instruction set measured (``### AVX2 (...) code on CPU``). The summary quotes each
+section under a heading ``## Attention kernels, <ISA> code``: a few rows of its
 decode table, its prefill line and its JIT line. This test reads both files and names
-any figure that differs, and any README section whose ISA results.md lacks.
+any figure that differs, and any quoted section whose ISA results.md lacks.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-README_HEADING = re.compile(r"^### Attention kernels, (\S+) code", re.M)
+SUMMARY = "docs/benchmarks/summary.md"
+QUOTED_HEADING = re.compile(r"^## Attention kernels, (\S+) code", re.M)
 RESULTS_HEADING = re.compile(r"^### (\S+) \(.*$", re.M)
 
 
@@ -37,67 +40,86 @@ def _sections(text: str, heading: re.Pattern) -> dict[str, str]:
     return {m.group(1): text[m.start():end] for m, end in zip(marks, ends)}
 
 
-def _readme_sections() -> dict[str, str]:
-    text = (ROOT / "README.md").read_text()
-    bench = text[text.index("## Benchmarks"):]
-    bench = bench[:bench.index("\n## ", 1)] if "\n## " in bench[1:] else bench
-    return _sections(bench, README_HEADING)
+def _quoted_sections() -> dict[str, str]:
+    """ISA name -> the summary's section quoting it, up to the next ``## `` heading."""
+    text = (ROOT / SUMMARY).read_text()
+    marks = list(QUOTED_HEADING.finditer(text))
+    if not marks:
+        return {}
+    # Each kernel section ends at the next "## " heading of any kind.
+    ends = [text.find("\n## ", m.end()) for m in marks]
+    return {m.group(1): text[m.start():(end if end != -1 else len(text))]
+            for m, end in zip(marks, ends)}
 
 
 def _results_sections() -> dict[str, str]:
     return _sections((ROOT / "benchmarks/results.md").read_text(), RESULTS_HEADING)
 
 
-def test_readme_quotes_every_isa_of_results_md():
-    readme, results = _readme_sections(), _results_sections()
+def test_summary_quotes_every_isa_of_results_md():
+    quoted, results = _quoted_sections(), _results_sections()
     assert results, "benchmarks/results.md has no '### <ISA> (...)' section"
-    assert sorted(readme) == sorted(results), (
-        f"README quotes kernel sections {sorted(readme)}, results.md has {sorted(results)}")
+    assert sorted(quoted) == sorted(results), (
+        f"{SUMMARY} quotes kernel sections {sorted(quoted)}, results.md has {sorted(results)}")
 
 
-def test_readme_decode_tables_match_results_md():
+def test_summary_decode_tables_match_results_md():
     results = _results_sections()
     same = ["ms", "K/V GB/s", "limit", "% of limit", "vs torch SDPA", "vs NumPy kernel"]
-    for isa, section in _readme_sections().items():
-        assert isa in results, f"README section {isa} is not in benchmarks/results.md"
+    for isa, section in _quoted_sections().items():
+        assert isa in results, f"{SUMMARY} section {isa} is not in benchmarks/results.md"
         theirs = {(r["pages"], r["context"]): r for r in _table(results[isa], "pages")}
         rows = _table(section, "pages")
-        assert rows, f"README section {isa} has no decode table"
+        assert rows, f"{SUMMARY} section {isa} has no decode table"
         for row in rows:
             key = (row["pages"], row["context"])
-            assert key in theirs, f"README {isa} row {key} is not in benchmarks/results.md"
+            assert key in theirs, f"{SUMMARY} {isa} row {key} is not in benchmarks/results.md"
             for col in same:
                 assert row[col] == theirs[key][col], (
-                    f"README {isa} {key} {col}={row[col]!r} but benchmarks/results.md says "
+                    f"{SUMMARY} {isa} {key} {col}={row[col]!r} but benchmarks/results.md says "
                     f"{theirs[key][col]!r}")
 
 
-def test_readme_prefill_and_jit_lines_match_results_md():
+def test_summary_prefill_and_jit_lines_match_results_md():
     results = _results_sections()
-    for isa, section in _readme_sections().items():
-        flat = " ".join(section.split())                  # the README wraps its lines
+    for isa, section in _quoted_sections().items():
+        flat = " ".join(section.split())                  # the page wraps its lines
         for pattern in (r"^Causal prefill, .*$", r"^JIT: .*$"):
             line = re.search(pattern, results[isa], re.M).group(0)
-            assert line in flat, f"README {isa} lacks the line of results.md: {line!r}"
+            assert line in flat, f"{SUMMARY} {isa} lacks the line of results.md: {line!r}"
 
 
-def test_readme_quantized_weights_table_matches_model_quant_md():
-    # The README's "### Quantized weights" table copies rows of benchmarks/model_quant.md
+def test_summary_quantized_weights_table_matches_model_quant_md():
+    # The summary's "## Quantized weights" table copies rows of benchmarks/model_quant.md
     # (written by `python -m paged_np bench --model smollm2-135m-instruct`).
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Quantized weights"):]
-    section = section[:section.index("\n### ", 1)]
+    text = (ROOT / SUMMARY).read_text()
+    section = text[text.index("## Quantized weights"):]
+    section = section[:section.index("\n## ", 1)]
     theirs = {r["weights"]: r for r in _table((ROOT / "benchmarks/model_quant.md").read_text(),
                                               "weights")}
     rows = _table(section, "weights")
-    assert rows, "README's quantized-weights section has no table"
+    assert rows, f"{SUMMARY}'s quantized-weights section has no table"
     for row in rows:
-        assert row["weights"] in theirs, f"README row {row['weights']!r} not in model_quant.md"
+        assert row["weights"] in theirs, f"{SUMMARY} row {row['weights']!r} not in model_quant.md"
         for col, value in row.items():
             assert value == theirs[row["weights"]][col], (
-                f"README {row['weights']} {col}={value!r} but benchmarks/model_quant.md says "
+                f"{SUMMARY} {row['weights']} {col}={value!r} but benchmarks/model_quant.md says "
                 f"{theirs[row['weights']][col]!r}")
     flat = " ".join(section.split())
     for line in re.findall(r"^(?:Quantized weight-streaming bound|Decode, ).*$",
                            (ROOT / "benchmarks/model_quant.md").read_text(), re.M):
-        assert line in flat, f"README lacks the line of model_quant.md: {line!r}"
+        assert line in flat, f"{SUMMARY} lacks the line of model_quant.md: {line!r}"
+
+
+def test_readme_headline_figures_are_those_of_the_summary():
+    # The README's "## Headline figures" quotes the summary page (which the tests above
+    # hold to the benchmark files): every ratio, percentage and decimal it gives must
+    # be on that page, so neither can move without the other.
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Headline figures"):]
+    section = section[:section.index("\n## ", 1)]
+    summary = " ".join((ROOT / SUMMARY).read_text().split())
+    figures = re.findall(r"\d+(?:\.\d+)?(?:x|%)|\d+\.\d+", section)
+    assert len(figures) > 20, f"README's headline figures: too few found ({figures})"
+    missing = [f for f in figures if f not in summary]
+    assert not missing, f"README headline figures not on {SUMMARY}: {missing}"

@@ -52,9 +52,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..cache.kv_quant import to_float32
 from ..config import JIT_OPTIONS
 from .numba_kernels import LN2, LOG2E, MASKED, exp2
+from .numpy_paged import to_float32
 
 #: Query positions per tile (times G rows): big enough for BLAS to run near
 #: its peak, small enough that ``S`` stays in the last-level cache.

@@ -56,8 +56,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cache.kv_quant import to_float32
-
 
 def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
             sliding_window, return_lse, k_scales=None, v_scales=None):
@@ -127,7 +125,7 @@ def attend_sequence(q, k_pages, v_pages, block_table, seq_len, scale, sliding_wi
 
         # Read the page. Slicing to n_valid rows means the unused slots (which may
         # hold garbage or NaN) are never read at all; float16 is upcast here, and
-        # 8-bit codes become code * scale of their token (kv_quant.to_float32).
+        # 8-bit codes become code * scale of their token (to_float32).
         page_id = block_table[i]
         k_tile = to_float32(k_pages[page_id, :, :n_valid],                  # [KV, P, D]
                             None if k_scales is None else k_scales[page_id, :, :n_valid])
@@ -162,3 +160,13 @@ def attend_sequence(q, k_pages, v_pages, block_table, seq_len, scale, sliding_wi
     out = out.reshape(num_kv_heads, n_q, group, head_dim).transpose(1, 0, 2, 3)  # [n_q, KV, G, D]
     lse = lse.reshape(num_kv_heads, n_q, group).transpose(1, 0, 2)               # [n_q, KV, G]
     return out.reshape(n_q, num_heads, head_dim), lse.reshape(n_q, num_heads)
+
+
+def to_float32(pages: np.ndarray, scales: np.ndarray | None) -> np.ndarray:
+    """A page's rows as float32: float pages upcast, 8-bit codes times their token's
+    scale (:mod:`paged_np.cache.kv_quant`, loaded only for 8-bit pages)."""
+    if scales is None:
+        return pages.astype(np.float32, copy=False)
+    from ..cache.kv_quant import dequantize
+
+    return dequantize(pages, scales)

@@ -8,7 +8,8 @@ Read in this order:
 3. :mod:`.eviction` -- the policies (LRU, FIFO, LFU): one priority method each;
 4. :mod:`.hash_index` -- vLLM's page-hash chain, the default prefix index;
 5. :mod:`.radix` (and :mod:`.radix_node`) -- SGLang's radix tree, the other
-   one (``CacheConfig(prefix_cache="radix")``); :mod:`.indexes` picks between them;
+   one (``CacheConfig(prefix_cache="radix")``), a plug-in loaded by name
+   (:data:`paged_np.registry.PREFIX_INDEXES`);
 6. :mod:`.page_pool` -- free pages and reference counts;
 7. :mod:`.sequence` -- one sequence's block table and prefix handle;
 8. :mod:`.kv_cache` -- :class:`PagedKVCache`, the public face of all of the
@@ -18,19 +19,18 @@ Nothing here imports the engine, the models, the simulation or the drawings:
 the cache is the core the rest is built on.
 """
 
-from .arena import Arena
-from .batch import BatchMetadata
-from .eviction import EvictionPolicy, FIFOPolicy, LFUPolicy, LRUPolicy, make_policy
-from .hash_index import CachedPage, HashIndex, hash_page
-from .kv_cache import Event, PagedKVCache
-from .page_pool import PagePool
-from .prefix_index import PrefixIndex, make_prefix_index
-from .radix import RadixCache
-from .radix_node import TreeNode
-from .sequence import Sequence
+from ..lazy import lazy_exports
 
-__all__ = [
-    "Arena", "BatchMetadata", "CachedPage", "Event", "EvictionPolicy", "FIFOPolicy",
-    "HashIndex", "LFUPolicy", "LRUPolicy", "PagePool", "PagedKVCache", "PrefixIndex",
-    "RadixCache", "Sequence", "TreeNode", "hash_page", "make_policy", "make_prefix_index",
-]
+_EXPORTS = {
+    "Arena": ".arena", "BatchMetadata": ".batch", "Event": ".events",
+    "EvictionPolicy": ".eviction", "FIFOPolicy": ".eviction", "LFUPolicy": ".eviction",
+    "LRUPolicy": ".eviction", "make_policy": ".eviction",
+    "CachedPage": ".hash_index", "HashIndex": ".hash_index", "hash_page": ".hash_index",
+    "make_prefix_index": ".prefix_index", "PrefixIndex": ".prefix_index",
+    "PagedKVCache": ".kv_cache", "PagePool": ".page_pool",
+    "RadixIndex": ".radix", "RadixCache": ".radix",
+    "TreeNode": ".radix_node", "Sequence": ".sequence",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = sorted(_EXPORTS)

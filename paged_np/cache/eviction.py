@@ -31,6 +31,7 @@ a fifth line::
             return -entry.last_access_time
 
     pnp.CacheConfig(num_pages=64, eviction_policy=MRUPolicy)   # hash or radix
+    pnp.registry.EVICTION_POLICIES.register("mru", MRUPolicy)  # or by name, everywhere
 
 A policy holds no state: the index keeps its evictable entries in a binary
 min-heap of ``(priority, ...)`` with *lazy deletion* (an entry that was hit,
@@ -101,24 +102,23 @@ class LFUPolicy(EvictionPolicy):
         return (entry.hit_count, entry.last_access_time)
 
 
-POLICIES = {"lru": LRUPolicy, "fifo": FIFOPolicy, "lfu": LFUPolicy}
-
-
 def make_policy(policy) -> EvictionPolicy:
     """Return the policy object an index uses.
 
-    ``policy`` is a name in ``{"lru", "fifo", "lfu"}``, a subclass of
+    ``policy`` is a name of :data:`paged_np.registry.EVICTION_POLICIES` (``"lru"``,
+    ``"fifo"``, ``"lfu"`` or one registered from outside), a subclass of
     :class:`EvictionPolicy` (a fresh object of it is made) or an
     :class:`EvictionPolicy` object (used as it is).
     """
-    from ..errors import InvalidArgument
+    from ..registry import EVICTION_POLICIES
 
     if isinstance(policy, EvictionPolicy):
         return policy
+    if isinstance(policy, str):
+        policy = EVICTION_POLICIES.load(policy)      # a name it does not know: refused
     if isinstance(policy, type) and issubclass(policy, EvictionPolicy):
         return policy()
-    if isinstance(policy, str) and policy in POLICIES:
-        return POLICIES[policy]()
-    raise InvalidArgument(
-        f"eviction_policy must be one of {tuple(POLICIES)} or an EvictionPolicy subclass,"
-        f" got {policy!r}")
+    from ..errors import InvalidArgument
+
+    raise InvalidArgument(f"eviction_policy must be one of {EVICTION_POLICIES.names()} or an "
+                          f"EvictionPolicy subclass or object, got {policy!r}")

@@ -56,7 +56,7 @@ from ..errors import DTypeError, InvalidArgument
 from ..registry import KV_FORMATS
 
 __all__ = ["FP8_E4M3", "dequantize", "format_of_pages", "fp8_e4m3_encode", "kv_format",
-           "quantize", "to_float32"]
+           "quantize"]
 
 def _fp8_e4m3_table() -> np.ndarray:
     """float32 [256]: the value of every e4m3 bit pattern (``0x7F``, ``0xFF``: NaN)."""
@@ -121,9 +121,3 @@ def dequantize(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
         raise DTypeError(f"dequantize: codes must be int8 or uint8 (fp8), got {q.dtype}")
     return values * scale[..., None].astype(np.float32, copy=False)
 
-
-def to_float32(pages: np.ndarray, scales: np.ndarray | None) -> np.ndarray:
-    """Any page format's elements as float32 (scales None for float pages)."""
-    if scales is None:
-        return pages.astype(np.float32, copy=False)
-    return dequantize(pages, scales)

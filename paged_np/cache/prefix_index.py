@@ -4,7 +4,7 @@ Two data structures find the cached prefix of a prompt:
 
 - the hash chain (:class:`~paged_np.cache.hash_index.HashIndex`, vLLM): every
   full page is filed under a hash of all the tokens up to its end;
-- the radix tree (:class:`~paged_np.cache.radix.RadixCache`, SGLang): a trie
+- the radix tree (:class:`~paged_np.cache.radix.RadixIndex`, SGLang): a trie
   whose edges carry whole runs of tokens.
 
 Both implement this one interface (SGLang's ``BasePrefixCache`` idea), so the

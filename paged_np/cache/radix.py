@@ -20,17 +20,17 @@ A :class:`~paged_np.cache.radix_node.TreeNode` holds an edge's token run
 The operations, one method each (those of
 :class:`~paged_np.cache.prefix_index.PrefixIndex`, which the hash chain answers too):
 
-- :meth:`RadixCache.match_prefix`: walk down as far as the prompt agrees with
+- :meth:`RadixIndex.match_prefix`: walk down as far as the prompt agrees with
   the tree, in whole pages. When the match ends in the middle of an edge the
   edge is *split* there, so the match always ends at a node (which the caller
   then locks).
-- :meth:`RadixCache.insert`: add a sequence's newly full pages below the node
+- :meth:`RadixIndex.insert`: add a sequence's newly full pages below the node
   its path has reached. Runs already in the tree are not stored twice (the
   caller keeps its duplicate page private, as the hash chain does); a new
   sequence that diverges mid-edge splits that edge.
-- :meth:`RadixCache.lock` / :meth:`RadixCache.unlock`: a live sequence pins
+- :meth:`RadixIndex.lock` / :meth:`RadixIndex.unlock`: a live sequence pins
   its whole path (SGLang's ``inc_lock_ref`` / ``dec_lock_ref``).
-- :meth:`RadixCache.evict`: free pages from the unlocked *leaf* the eviction
+- :meth:`RadixIndex.evict`: free pages from the unlocked *leaf* the eviction
   policy ranks first (LRU: least recently used), from its end backwards.
 
 Why a tree evicts leaves first: a node's K/V is only reachable through its
@@ -63,7 +63,7 @@ from .prefix_index import PrefixIndex
 from .radix_node import TreeNode
 
 
-class RadixCache(PrefixIndex):
+class RadixIndex(PrefixIndex):
     """The tree, plus the accounting the page pool needs.
 
     A sequence's handle (what it keeps and locks) is the node its path reaches.
@@ -77,7 +77,7 @@ class RadixCache(PrefixIndex):
 
     Example
     -------
-    >>> tree = RadixCache(page_size=2)
+    >>> tree = RadixIndex(page_size=2)
     >>> node, new = tree.insert((1, 2, 3, 4), [7, 8])
     >>> tree.match_prefix([1, 2, 3, 4, 5])[0] == [7, 8]
     True
@@ -447,3 +447,7 @@ class RadixCache(PrefixIndex):
                 f"node {n.id}: lock_ref {n.lock_ref}, but {locks.get(n.id, 0)} live "
                 "sequences pass through it")
 
+
+
+#: SGLang's name for the same structure (``sglang.srt.mem_cache.radix_cache.RadixCache``).
+RadixCache = RadixIndex

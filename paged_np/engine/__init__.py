@@ -8,17 +8,19 @@ Read in this order:
 3. :mod:`.request` -- the engine's record of a request and the scheduler's of each
    sample, and which object keeps each count;
 4. :mod:`.scheduler` -- which requests run this step, and preemption under pressure
-   (:mod:`.schedule_policy` orders the queue, :mod:`.swap` keeps swapped pages);
+   (:mod:`.admission` orders the queue, :mod:`.swap` keeps swapped pages);
 5. :mod:`.engine` -- :class:`Engine`, one step = schedule, model forward, sample
    (:mod:`.stats` counts what happened);
 6. :mod:`.llm` -- :class:`LLM`, vLLM's offline API: text in, text out;
 7. :mod:`.server` -- the OpenAI-compatible HTTP server over an :class:`LLM`.
 """
 
-from .engine import Engine
-from .llm import LLM
-from .logprobs import Logprob
-from .outputs import RequestOutput, SampleOutput
-from .sampling import SamplingParams
+from ..lazy import lazy_exports
 
-__all__ = ["Engine", "LLM", "Logprob", "RequestOutput", "SampleOutput", "SamplingParams"]
+_EXPORTS = {
+    "Engine": ".engine", "LLM": ".llm", "Logprob": ".logprobs", "RequestOutput": ".outputs",
+    "SampleOutput": ".outputs", "SamplingParams": ".sampling", "EngineConfig": ".config",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = sorted(_EXPORTS)

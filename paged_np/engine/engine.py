@@ -6,36 +6,37 @@
                         max_num_batched_tokens=256)
     outs = engine.generate(prompts, pnp.SamplingParams(max_tokens=16, temperature=0))
 
-Every option is a field of :class:`~paged_np.engine.config.EngineConfig` (vLLM's
-``EngineArgs``): pass them as keywords, or pass ``config=`` (and keywords
-replace its fields). The engine builds the cache and the scheduler from it.
+Every option is a field of :class:`~paged_np.engine.config.EngineConfig`
+(vLLM's ``EngineArgs``): pass them as keywords, or pass ``config=``.
 
 One :meth:`Engine.step` is one forward pass of the model, the unit of
 *continuous batching* (Orca, vLLM): requests join and leave the batch at any
-step, so the batch never waits for its longest member. A step is
+step, so the batch never waits for its longest member.
+:func:`continuous_batching_step` is a step, in four parts:
 
-1. **schedule** (:mod:`paged_np.engine.scheduler`): pick each sequence's tokens under
-   the seat and token budgets, allocate their slots (asking the cache first,
-   preempting when pages run out, admitting waiting requests when they are there);
-2. **build the batch** (:mod:`.batching`): concatenate the scheduled tokens,
-   their positions and slots, ``query_start_loc``, the block tables and seq_lens;
-3. **run the model** (:meth:`LlamaModel.forward`) over the whole batch;
-4. **post-process**: record the written tokens (``append_tokens``, which
-   hashes full pages for prefix reuse), release pages a sliding window has
-   left behind, sample the next token of every sequence that reached the end
-   of what it knows, fork ``n > 1`` requests after their prompt, finish
-   sequences that hit a stop token or ``max_tokens``. A request scheduled with
-   drafts (``speculative_config``) is verified instead (:mod:`.speculation`):
-   only its accepted tokens are appended, the rest rolled back.
+1. **schedule** (:mod:`.scheduler`): pick each sequence's tokens under the
+   seat and token budgets, allocate their slots (asking the cache first,
+   preempting when pages run out, admitting waiting requests);
+2. **build the batch** (:mod:`.batching`): the scheduled tokens, positions,
+   slots, ``query_start_loc``, block tables and seq_lens;
+3. **run the model** (:meth:`~paged_np.models.llama.LlamaModel.forward`) over the whole batch;
+4. **post-process** (:meth:`Engine.postprocess`): record the written tokens
+   (``append_tokens`` hashes full pages for prefix reuse), release pages a
+   sliding window left behind, sample the next token of every sequence at
+   the end of what it knows, fork ``n > 1`` requests after their prompt,
+   finish sequences at a stop token or ``max_tokens``.
 
-Who owns what (:mod:`paged_np.engine.request`): the engine keeps one
-:class:`ParentRequest` per user request and is the only writer of its
-``output``; the scheduler runs one :class:`Request` per sample and reports
-what it did (admissions and their prefix hits, failures); the cache owns the
-computed tokens. ``engine.metrics`` reports what happened, including how the
-step time splits between scheduling (steps 1, 2), the model (3) and sampling
-(4), and a per-step series for drawings (``metrics["series"]``);
-:meth:`Engine.stats` is the snapshot a server exports (:mod:`.stats`).
+The pieces are seams (``docs/design.md``, "Seams"): the cache class, the
+scheduler, the sampler and the step itself are the registry entries that
+``EngineConfig.kv_cache``, ``scheduler``, ``sampler`` and ``engine_step``
+name, so a learner's own class or function replaces the package's. Plug-ins
+load only when chosen: speculative decoding (:mod:`.speculation`), swap
+(:mod:`.swap`), logprobs (:mod:`.logprobs`).
+
+Who owns what (:mod:`.request`): the engine keeps one :class:`ParentRequest`
+per user request and is the only writer of its ``output``; the scheduler
+runs one :class:`Request` per sample and reports what it did; the cache owns
+the computed tokens. ``engine.metrics`` reports what happened (:mod:`.stats`).
 
 Compared with vLLM: one process, no tokenizer or detokenizer, no async
 front end, no CUDA graphs; the scheduler and the model share a thread.
@@ -51,7 +52,6 @@ import numpy as np
 
 from ..checks import as_token_ids, check_int
 from ..errors import DTypeError, InvalidArgument, UnknownRequest
-from ..models.llama import LlamaModel
 from ..registry import ENGINE_STEPS, KV_CACHES, SAMPLERS, SCHEDULERS
 from .batching import build_batch
 from .config import EngineConfig
@@ -66,33 +66,17 @@ __all__ = ["Engine", "continuous_batching_step"]
 class Engine:
     """Continuous batching over a paged KV cache.
 
-    Parameters
-    ----------
-    model : LlamaModel
-    config : EngineConfig, optional
-        Every option in one object; ``**options`` (its field names) replace
-        fields of it, or of the defaults when it is None. The fields:
-        ``num_pages`` or ``kv_cache_memory`` (the cache's size, allocated
-        here once), ``page_size``, ``max_num_seqs`` (sequences running at
-        once), ``max_num_batched_tokens`` (tokens in one step),
-        ``preemption_mode`` ("recompute" or "swap", see
-        :mod:`paged_np.engine.scheduler`), ``swap_pages`` (host swap space,
-        default ``num_pages``), ``schedule`` ("fcfs" or "lpm", see
-        :mod:`paged_np.engine.schedule_policy`), ``prefix_cache`` ("hash",
-        vLLM's page-hash chain, or "radix", SGLang's radix tree: refused for
-        models with a sliding window), ``eviction_policy``, ``backend`` and
-        ``record_events`` (keep ``cache.events`` for drawings).
+    ``model``: a :class:`~paged_np.models.llama.LlamaModel` (or any object with its ``cfg`` and
+    ``forward(batch, cache, backend=)``); ``config``: an EngineConfig, whose
+    fields ``**options`` replace (the defaults' when it is None).
 
-    Attributes
-    ----------
-    config : the EngineConfig everything here reads.
-    cache : the PagedKVCache.
-    scheduler : the Scheduler (its ``running`` and ``waiting`` lists can be read).
-    requests : unfinished requests by id (a read-only view of ParentRequest records).
+    Attributes: ``config``; the seams ``cache`` (a PagedKVCache), ``scheduler``
+    (its ``running`` and ``waiting`` lists can be read) and ``sampler``;
+    ``requests``, the unfinished requests by id (a read-only view).
     """
 
     def __init__(self, model, config: EngineConfig | None = None, **options):
-        if not isinstance(model, LlamaModel):
+        if not (hasattr(model, "cfg") and callable(getattr(model, "forward", None))):
             raise DTypeError(f"Engine: model must be a LlamaModel, got {type(model).__name__}")
         self.config = cfg = EngineConfig.from_options(config, **options)
         self.model = model

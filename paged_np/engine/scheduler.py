@@ -19,7 +19,7 @@ Each step:
    yes, so running out of pages is a question here, never an exception.
 2. **Waiting sequences** are admitted while seats, tokens and pages allow,
    but not in a step that had to preempt (that would just thrash). The order
-   is the ``schedule``'s (:mod:`.schedule_policy`): ``"fcfs"``, arrival
+   is the ``schedule``'s (:mod:`.admission`): ``"fcfs"``, arrival
    order (preempted sequences go back to the front), or ``"lpm"``, the
    longest cached prefix first, with a bound on how long any one waits.
    Admission starts with ``cache.add_sequence``, whose prefix hit says how
@@ -60,8 +60,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..registry import PREEMPTION_MODES, SCHEDULES
+from .admission import MAX_SKIPS
 from .request import FINISHED, RUNNING, SWAPPED, WAITING, Request
-from .schedule_policy import MAX_SKIPS
 
 __all__ = ["FINISHED", "RUNNING", "SWAPPED", "WAITING", "Request", "Scheduler",
            "SchedulerOutput"]
@@ -92,7 +92,6 @@ class Scheduler:
     def __init__(self, cache, config, sliding_window: int | None = None):
         self.cache = cache
         self.config = config
-        self.schedule_policy = config.schedule
         self.admission_order = SCHEDULES.load(config.schedule)   # queue positions, in order
         self.max_skips = MAX_SKIPS      # lpm: admissions a request may be passed over by
         self.max_num_seqs = config.max_num_seqs
@@ -210,7 +209,7 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def _admission_order(self, queue: list) -> list:
-        """Positions of ``queue`` in the order to try them (see :mod:`.schedule_policy`)."""
+        """Positions of ``queue`` in the order to try them (see :mod:`.admission`)."""
         return self.admission_order(
             len(queue), prefix_len=lambda i: self._cached_prefix(queue[i]),
             skipped=lambda i: self.num_admissions - queue[i].queued_at,
