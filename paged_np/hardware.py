@@ -170,9 +170,9 @@ def machine_line() -> str:
 
 
 def versions() -> dict:
-    """The software a measurement ran on: Numba's threads and the numba and numpy versions."""
-    return {"threads": numba.get_num_threads(), "numba": numba.__version__,
-            "numpy": np.__version__}
+    """The software a measurement ran on: Numba's threads and each library's version."""
+    return {"threads": numba.get_num_threads(),
+            **{lib.__name__: lib.__version__ for lib in (numba, np)}}
 
 
 def isa_info() -> dict:
