@@ -1,4 +1,5 @@
-"""The engine's command-line flags, made from :class:`~paged_np.EngineConfig`'s fields.
+"""Command-line flags made from a config's fields: :class:`~paged_np.EngineConfig`'s
+on every command that runs the engine, ``ServerConfig``'s on ``serve``.
 
 (And ``--quantization`` for ``serve`` and ``chat``, how a real model's weights are
 held: a load-time choice, not an engine field; :func:`add_quantization_arg` and
@@ -18,7 +19,9 @@ a backend registered from outside the package is accepted by
 A command may give a field its own default (the server seats more sequences
 than the toy demo): :data:`COMMAND_DEFAULTS`, one table for every command.
 The demos keep their older spellings (``--pages`` for ``--num-pages``):
-:data:`ALIASES`.
+:data:`ALIASES`. Any other frozen config dataclass whose fields carry
+``help`` metadata gets its flags the same way (:func:`add_config_args`, read
+back by :func:`config_from_args`).
 
 The cache's size is one choice given two ways (``--num-pages`` or
 ``--kv-cache-memory``): a command's default size is used only when neither
@@ -115,27 +118,71 @@ def add_engine_args(parser: argparse.ArgumentParser, command: str | None = None,
                                       "(paged_np.EngineConfig)")
     for f in FIELDS.values():
         default = defaults.get(f.name, f.default)
-        names = [flag(f.name), *aliases.get(f.name, ())]
-        kw = dict(dest=f.name, default=default,
-                  help=f"{f.metadata['help']} (default: {default})")
+        names, kw = field_flag(f, default, aliases.get(f.name, ()))
         if f.name in SIZE_FIELDS:               # the size's default: only when no size is given
             kw["default"] = None
             if default is not None:
                 parser.set_defaults(**{SIZE_DEFAULT: {f.name: default}})
-        choices = flag_choices(f)
-        if choices is not None:
-            kw["choices"] = list(choices)
-        if isinstance(f.default, bool):
-            kw["action"] = argparse.BooleanOptionalAction
-        elif f.metadata.get("json"):            # a nested config, given as a JSON object
-            kw["type"] = json_object
-            kw["metavar"] = "JSON"
-        elif f.name == "kv_cache_memory" or choices is not None:
-            kw["type"] = str
-        else:
-            kw["type"] = int
         group.add_argument(*names, **kw)
     return group
+
+
+def field_flag(f: dataclasses.Field, default, aliases=()) -> tuple[list, dict]:
+    """One config field as ``add_argument``'s names and keywords.
+
+    The field's metadata says how: ``help``; ``choices`` (a registry, read now:
+    :func:`flag_choices`); ``flags`` (its spellings, when not ``--field-name``);
+    ``metavar``; ``type`` (else a bool is ``--x/--no-x``, ``json`` reads a JSON
+    object, a choice or ``kv_cache_memory`` a str, anything else an int).
+    """
+    meta = f.metadata
+    names = [*meta.get("flags", [flag(f.name)]), *aliases]
+    kw = dict(dest=f.name, default=default, help=f"{meta['help']} (default: {default})")
+    choices = flag_choices(f)
+    if choices is not None:
+        kw["choices"] = list(choices)
+    if "metavar" in meta:
+        kw["metavar"] = meta["metavar"]
+    if isinstance(f.default, bool):
+        kw["action"] = argparse.BooleanOptionalAction
+    elif meta.get("json"):                      # a nested config, given as a JSON object
+        kw["type"] = json_object
+        kw["metavar"] = "JSON"
+    elif "type" in meta:
+        kw["type"] = meta["type"]
+    elif f.name == "kv_cache_memory" or choices is not None:
+        kw["type"] = str
+    else:
+        kw["type"] = int
+    return names, kw
+
+
+def add_config_args(parser: argparse.ArgumentParser, cls, title: str,
+                    description: str | None = None) -> argparse._ArgumentGroup:
+    """Add one flag per field of the config dataclass ``cls`` to ``parser`` (a group
+    named ``title``), each with the field's default and help; returns the group."""
+    group = parser.add_argument_group(title, description)
+    for f in dataclasses.fields(cls):
+        names, kw = field_flag(f, f.default)
+        group.add_argument(*names, **kw)
+    return group
+
+
+def config_from_args(cls, args: argparse.Namespace,
+                     parser: argparse.ArgumentParser | None = None):
+    """The ``cls`` config (validated) that the flags :func:`add_config_args` made describe.
+
+    With ``parser``, a value the config refuses exits through ``parser.error``
+    with the config's message, as a bad flag does.
+    """
+    from ..errors import PagedNPError
+
+    try:
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+    except PagedNPError as e:
+        if parser is None:
+            raise
+        parser.error(str(e))
 
 
 def json_object(text: str) -> dict:
