@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 import paged_np as pnp
-from paged_np.cli import machine
+from paged_np import hardware
 
 HERE = Path(__file__).resolve().parent
 N_REQUESTS, MAX_TOKENS, ROUNDS = 12, 16, 2
@@ -143,7 +143,8 @@ def main() -> int:
         r["same_text_as_first_config"] = r.pop("texts") == reference
     prefill = [{"tokens": T, "step_s": statistics.median(v),
                 "s_per_token": statistics.median(v) / T} for T, v in pre.items()]
-    result = {"machine": {"cpu": machine.cpu_model(), "isa": machine.isa_key(machine.isa_info()),
+    isa = hardware.isa_key(hardware.isa_info())
+    result = {"machine": {"cpu": hardware.cpu_model(), "isa": isa,
                           "threads": os.cpu_count(), "loadavg_at_start": load,
                           "note": "shared machine: other jobs ran meanwhile"},
               "setup": {"model": "smollm2-135m-instruct", "requests": N_REQUESTS,

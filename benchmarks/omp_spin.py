@@ -28,7 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from paged_np.cli.machine import machine_line
+from paged_np.hardware import machine_line
 
 CHILD = r'''
 import json, time, numpy as np, paged_np as pnp

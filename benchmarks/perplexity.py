@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # this checkout's
 import numpy as np  # noqa: E402
 
 import paged_np as pnp  # noqa: E402
-from paged_np.cli.machine import machine_line  # noqa: E402
 from paged_np.engine.logprobs import log_softmax  # noqa: E402
 from paged_np.engine.perplexity import EVAL_TOKENS, eval_text_info, eval_token_ids  # noqa: E402
+from paged_np.hardware import machine_line  # noqa: E402
 from paged_np.models.blas import pinned_threads  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"

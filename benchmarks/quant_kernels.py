@@ -41,8 +41,8 @@ from numba import njit, prange
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # this checkout's paged_np
 
 import paged_np as pnp  # noqa: E402
-from paged_np.cli.machine import cpu_model, isa_info  # noqa: E402
 from paged_np.config import JIT_OPTIONS  # noqa: E402
+from paged_np.hardware import cpu_model, isa_info  # noqa: E402
 from paged_np.models.blas import pinned_threads  # noqa: E402
 from paged_np.quant import FEW_ROWS, QuantMatrix  # noqa: E402
 from paged_np.quant import kernels as K  # noqa: E402

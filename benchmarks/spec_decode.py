@@ -53,7 +53,7 @@ from numba import njit  # noqa: E402
 
 import paged_np as pnp  # noqa: E402
 import paged_np.models.llama as llama  # noqa: E402
-from paged_np.cli.machine import machine_line  # noqa: E402
+from paged_np.hardware import machine_line  # noqa: E402
 from paged_np.models.blas import pinned_threads  # noqa: E402
 from paged_np.models.llama import ForwardBatch  # noqa: E402
 from paged_np.quant import simd  # noqa: E402

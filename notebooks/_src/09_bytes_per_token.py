@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import paged_np as pnp
-from paged_np.cli.machine import stream_bandwidth
+from paged_np.hardware import stream_bandwidth
 from paged_np.models.hub import fetch_model
 from paged_np.quant import QuantMatrix, dequantize_blocks, parse_blocks
 from _exercise import check              # notebooks/_exercise.py: checks your answers

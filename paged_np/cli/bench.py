@@ -29,7 +29,7 @@ instruction set: see :func:`isa_key`), ``results.md`` (one section per
 committed results, which is how they are made).
 Times are the best of several repeats (the least disturbed run).
 
-The layers, each importing only those below it: :mod:`paged_np.cli.machine`
+The layers, each importing only those below it: :mod:`paged_np.hardware`
 measures the limits, :mod:`paged_np.cli.bench_case` makes the decode case,
 :mod:`paged_np.cli.bench_report` writes the tables and the figure; this module
 runs the cases on top of them (their names are importable from here too), and
@@ -51,10 +51,7 @@ import time
 import numba
 import numpy as np
 
-from . import DEFAULT_OUT
-from .bench_case import HKV, PAGE, B, D, H, make_decode_case
-from .bench_report import plot, write_results_md, write_table
-from .machine import (
+from ..hardware import (
     best_time,
     cpu_model,
     fma_peak,
@@ -63,7 +60,11 @@ from .machine import (
     paged_reader,
     settle,
     stream_bandwidth,
+    versions,
 )
+from . import DEFAULT_OUT
+from .bench_case import HKV, PAGE, B, D, H, make_decode_case
+from .bench_report import plot, write_results_md, write_table
 
 
 def _torch_decode(q, k, v, tables, seq_lens):
@@ -304,9 +305,8 @@ def main(argv: list[str]) -> int:
 
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     res = BACKENDS[args.backend](cfg, log)
-    res["machine"] = {"cpu": cpu_model(),
-                      "threads": numba.get_num_threads(), "numba": numba.__version__,
-                      "numpy": np.__version__, "torch": getattr(torch, "__version__", None),
+    res["machine"] = {"cpu": cpu_model(), **versions(),
+                      "torch": getattr(torch, "__version__", None),
                       "quick": args.quick, "backend": args.backend,
                       # other work on the machine: the 1-minute load average, start and end
                       "load_average": [load_start, os.getloadavg()[0]] if load_start is not None

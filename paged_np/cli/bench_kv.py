@@ -1,7 +1,8 @@
 """``python -m paged_np bench --kv-dtypes``: each kv_cache_dtype's capacity, speed and error.
 
-For every ``kv_cache_dtype`` (``auto`` = float32, ``float16``, ``int8``,
-``fp8_e4m3``) on the bench's decode case (:mod:`.bench_case`: B = 8
+For every KV page format (:data:`paged_np.registry.KV_FORMATS`, read when
+the bench runs: float32, which ``kv_cache_dtype="auto"`` stores, then the
+smaller ones) on the bench's decode case (:mod:`.bench_case`: B = 8
 sequences, 32 query heads over 8 kv heads of 128, pages of 16 tokens,
 shuffled in the arena):
 
@@ -23,15 +24,16 @@ import functools
 import json
 import os
 
-import numba
 import numpy as np
 
 from ..cache.kv_quant import dequantize, quantize
 from ..config import CacheConfig, storage_dtype
+from ..hardware import best_time, cpu_model, isa_info, settle, versions
+from ..registry import KV_FORMATS
 from .bench_case import HKV, B, D, H, make_decode_case
-from .machine import best_time, cpu_model, isa_info, settle
 
-FORMATS = ("auto", "float16", "int8", "fp8_e4m3")
+#: The format every ratio is against: what ``kv_cache_dtype="auto"`` stores.
+REFERENCE = "float32"
 #: (name, num_layers, num_kv_heads, head_dim) of the shapes whose capacity is tabled.
 SHAPES = (("bench case (Llama-3-8B-like layer)", 1, HKV, D), ("SmolLM2-135M", 30, 3, 64))
 
@@ -61,10 +63,11 @@ def bench_kv_dtypes(contexts, rounds: int, repeat: int, log) -> dict:
     """Every figure of the table; see the module docstring."""
     from ..attention import numba_cpu
 
+    formats = (REFERENCE, *(f for f in KV_FORMATS if f != REFERENCE))
     res = {"capacity": [], "decode": []}
     for name, layers, hkv, d in SHAPES:
-        f32 = pages_per_mib("auto", layers, hkv, d)
-        for fmt in FORMATS:
+        f32 = pages_per_mib(REFERENCE, layers, hkv, d)
+        for fmt in formats:
             ppm = pages_per_mib(fmt, layers, hkv, d)
             res["capacity"].append({"shape": name, "dtype": fmt, "pages_per_mib": ppm,
                                     "vs_float32": ppm / f32,
@@ -74,7 +77,7 @@ def bench_kv_dtypes(contexts, rounds: int, repeat: int, log) -> dict:
         q, k, v, bt, sl, qsl = make_decode_case(ctx, np.float32)
         fns, errs, nbytes = {}, {}, {}
         ref = numba_cpu.forward(q, k, v, bt, sl, qsl, scale, 0, False)[0]
-        for fmt in FORMATS:
+        for fmt in formats:
             kp, vp, kw = _pages(fmt, k, v)
             fns[fmt] = functools.partial(numba_cpu.forward, q, kp, vp, bt, sl, qsl, scale, 0,
                                          False, **kw)
@@ -92,13 +95,13 @@ def bench_kv_dtypes(contexts, rounds: int, repeat: int, log) -> dict:
                 settle(0.3)
                 times[fmt].append(best_time(fn, repeat, warmup=0))
         best = {fmt: min(t) for fmt, t in times.items()}
-        for fmt in FORMATS:
+        for fmt in formats:
             # Each round times every format back to back: the median of the rounds' ratios
             # is the figure that holds when other work comes and goes between rounds.
-            per_round = [t / t32 for t, t32 in zip(times[fmt], times["auto"])]
+            per_round = [t / t32 for t, t32 in zip(times[fmt], times[REFERENCE])]
             row = {"context": ctx, "dtype": fmt, "ms": best[fmt] * 1e3,
                    "vs_float32": float(np.median(per_round)),
-                   "vs_float32_best": best[fmt] / best["auto"],
+                   "vs_float32_best": best[fmt] / best[REFERENCE],
                    "vs_float32_rounds": [round(r, 3) for r in per_round],
                    "gbs": nbytes[fmt] / best[fmt] / 1e9,
                    "rel_error_vs_float32": errs[fmt],
@@ -165,8 +168,7 @@ def run(out_dir: str, quick: bool, log) -> int:
     res = bench_kv_dtypes((2048,) if quick else (2048, 8192), rounds, repeat, log)
     if load:
         load.append(os.getloadavg()[0])
-    res["machine"] = {"cpu": cpu_model(), "isa": isa_info(), "threads": numba.get_num_threads(),
-                      "numba": numba.__version__, "numpy": np.__version__, "quick": quick,
+    res["machine"] = {"cpu": cpu_model(), "isa": isa_info(), **versions(), "quick": quick,
                       "rounds": rounds, "load_average": [round(x, 2) for x in load] or None}
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "kv_dtype.json"), "w") as f:

@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..hardware import stream_bandwidth
 from ..models.blas import pinned_threads
-from .machine import stream_bandwidth
 
 
 def weight_bytes_per_token(model) -> int:

@@ -219,7 +219,7 @@ def measure(name: str = "smollm2-135m-instruct", threads: int = 2, rounds: int =
 
 def write_table(res: dict) -> str:
     """Markdown: one row per contender, then the ratios the issue's targets name."""
-    from .machine import cpu_model, isa_info
+    from ..hardware import cpu_model, isa_info
 
     info = isa_info()
     isa = f"{info['cpu_isa']} (Numba code: {info['codegen']})"

@@ -20,17 +20,7 @@ import sys
 import time
 
 from . import kv_capacity_line
-from .options import (
-    add_engine_args,
-    add_quantization_arg,
-    engine_config,
-    engine_options,
-    quantization_of,
-)
-
-#: The chat's own defaults for engine options: a smaller arena than a server's
-#: (one conversation), and LLM's seats and token budget.
-CHAT_DEFAULTS = {"kv_cache_memory": "64MiB", "max_num_seqs": 16, "max_num_batched_tokens": 512}
+from .options import add_engine_args, add_quantization_arg, engine_config, quantization_of
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,18 +33,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     p.add_argument("--system", default=None, help="a system prompt (default: the template's)")
     add_quantization_arg(p)
-    add_engine_args(p, defaults=CHAT_DEFAULTS)     # every EngineConfig field, as a flag
+    add_engine_args(p, "chat")                     # every EngineConfig field, as a flag
     return p
 
 
 def parse_args(argv):
+    """The parsed flags, with ``args.config`` the :class:`~paged_np.EngineConfig` they give."""
     p = build_parser()
     args = p.parse_args(argv)
     if args.max_tokens < 1:
         p.error("--max-tokens must be >= 1")
     if args.temperature < 0:
         p.error("--temperature must be >= 0")
-    engine_config(args, p)                         # a refused engine option exits here
+    args.config = engine_config(args, p)           # a refused engine option exits here
     quantization_of(args, p, random_model=args.model == "tiny")
     return args
 
@@ -68,8 +59,8 @@ def make_llm(args):
 
         tok = Tokenizer.tiny()
         model = LlamaModel.random(ModelConfig(vocab_size=tok.vocab_size), seed=0)
-        return LLM(model, tokenizer=tok, **engine_options(args))
-    return LLM(args.model, quantization=quantization_of(args), **engine_options(args))
+        return LLM(model, tokenizer=tok, config=args.config)
+    return LLM(args.model, quantization=quantization_of(args), config=args.config)
 
 
 def answer(llm, messages, params, write) -> tuple[str, object, float]:
@@ -109,8 +100,8 @@ def main(argv: list[str], stdin=None, stdout=None) -> int:
         return 1
     from ..serving import warm_up
 
-    compile_s = warm_up(llm.model, llm.engine.cache.cfg.page_size, args.backend,
-                        args.kv_cache_dtype)
+    cfg = args.config
+    compile_s = warm_up(llm.model, cfg.page_size, cfg.backend, cfg.kv_cache_dtype)
     print(f"JIT compile + first calls (kept out of tokens/s): {compile_s:.2f} s", file=stdout)
     print(kv_capacity_line(llm.engine.cache.cfg), file=stdout)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)

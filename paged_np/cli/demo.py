@@ -39,13 +39,7 @@ from ..engine.engine import Engine
 from ..models.llama import LlamaModel
 from ..serving import serve, summary, warm_up
 from . import DEFAULT_OUT, kv_capacity_line, make_parent
-from .options import add_engine_args, engine_config, engine_options
-
-#: The toy demo's engine options (the rest are EngineConfig's): a cache too small for
-#: the stream, so requests wait, are preempted and come back.
-TOY_DEFAULTS = {"num_pages": 40, "max_num_seqs": 8, "max_num_batched_tokens": 256}
-#: The spellings the demo had before every engine option became a flag.
-ALIASES = {"num_pages": ["--pages"], "preemption_mode": ["--preemption"]}
+from .options import ALIASES, add_engine_args, engine_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,16 +52,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true", help="skip the dense-reference check")
     p.add_argument("--out", default=DEFAULT_OUT["demo"],
                    help=f"where to draw the run (default {DEFAULT_OUT['demo']})")
-    add_engine_args(p, defaults=TOY_DEFAULTS, aliases=ALIASES)
+    add_engine_args(p, "demo --model tiny", aliases=ALIASES)   # a cache too small: 40 pages
     return p
 
 
 def parse_args(argv):
+    """The parsed flags, with ``args.config`` the :class:`~paged_np.EngineConfig` they give."""
     p = build_parser()
     args = p.parse_args(argv)
     if args.requests < 1:
         p.error("--requests must be >= 1")
-    engine_config(args, p)                       # --pages 0 and the like exit here
+    args.config = engine_config(args, p)         # --pages 0 and the like exit here
     return args
 
 
@@ -116,16 +111,17 @@ def main(argv: list[str]) -> int:
 
         return demo_model.main(argv)
     args = parse_args(argv)
+    cfg = args.config
     model = LlamaModel.random(ModelConfig(), seed=args.seed)
     work = make_workload(args.requests, model.cfg.vocab_size, args.seed)
-    engine = Engine(model, **engine_options(args))
+    engine = Engine(model, cfg)
     pages = engine.cache.cfg.num_pages
-    compile_s = warm_up(model, args.page_size, args.backend, args.kv_cache_dtype)
+    compile_s = warm_up(model, cfg.page_size, cfg.backend, cfg.kv_cache_dtype)
     print(f"JIT compile + first calls (warm-up, kept out of tokens/s): {compile_s:.2f} s")
     print(kv_capacity_line(engine.cache.cfg))
     print(f"serving {args.requests} requests on a {pages}-page cache "
-          f"(page_size {args.page_size}, {args.preemption_mode} preemption, "
-          f"backend {args.backend})")
+          f"(page_size {cfg.page_size}, {cfg.preemption_mode} preemption, "
+          f"backend {cfg.backend})")
     t0 = time.perf_counter()
     with tqdm(total=len(work), unit="req", desc="serving") as bar:
         outs = serve(engine, work, on_finish=lambda _: bar.update())
@@ -149,7 +145,7 @@ def main(argv: list[str]) -> int:
     from ..viz.engine import draw_engine_run
 
     fig = draw_engine_run(m, title=f"{args.requests} requests, {pages} pages of "
-                                   f"{args.page_size}, {args.preemption_mode} preemption")
+                                   f"{cfg.page_size}, {cfg.preemption_mode} preemption")
     fig.savefig(make_parent(args.out), dpi=110)
     print(f"drew {args.out}")
     return status

@@ -26,13 +26,7 @@ import sys
 import time
 
 from . import DEFAULT_OUT, kv_capacity_line, make_parent
-from .options import add_engine_args, engine_config, engine_options
-
-#: The real demo's engine options (the rest are EngineConfig's): 24 pages hold far
-#: fewer tokens than 16 chat requests need together.
-DEMO_DEFAULTS = {"num_pages": 24, "max_num_seqs": 16, "max_num_batched_tokens": 512}
-#: The spellings the demo had before every engine option became a flag.
-ALIASES = {"num_pages": ["--pages"], "preemption_mode": ["--preemption"]}
+from .options import ALIASES, add_engine_args, engine_config
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -69,17 +63,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "on a busy machine, see paged_np.models.blas)")
     p.add_argument("--out", default=DEFAULT_OUT["demo"],
                    help=f"where to draw the run (default {DEFAULT_OUT['demo']})")
-    add_engine_args(p, defaults=DEMO_DEFAULTS, aliases=ALIASES)
+    add_engine_args(p, "demo", aliases=ALIASES)     # 24 pages: far fewer than 16 requests need
     return p
 
 
 def parse_args(argv):
+    """The parsed flags, with ``args.config`` the :class:`~paged_np.EngineConfig` they give."""
     p = build_parser()
     args = p.parse_args(argv)
     for name in ("requests", "max_tokens", "threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
-    engine_config(args, p)                       # --pages 0 and the like exit here
+    args.config = engine_config(args, p)         # --pages 0 and the like exit here
     return args
 
 
@@ -125,9 +120,10 @@ def run(args) -> int:
     from ..errors import ModelLoadError, PagedNPError
     from ..serving import summary, warm_up
 
+    cfg = args.config
     t_start = time.perf_counter()
     try:
-        llm = LLM(args.model, **engine_options(args))
+        llm = LLM(args.model, config=cfg)
     except ModelLoadError as e:
         print(f"demo: cannot load {args.model!r}: {e}", file=sys.stderr)
         return 1
@@ -135,7 +131,7 @@ def run(args) -> int:
     print(f"loaded {llm.model_name} in {t_loaded - t_start:.1f} s "
           f"({llm.model.nbytes / 2**20:.0f} MiB of "
           f"{'quantized' if llm.model.quantized else 'float32'} weights)")
-    compile_s = warm_up(llm.model, args.page_size, args.backend, args.kv_cache_dtype)
+    compile_s = warm_up(llm.model, cfg.page_size, cfg.backend, cfg.kv_cache_dtype)
     pages = llm.engine.cache.cfg.num_pages
     print(f"JIT compile + first calls (warm-up, kept out of tokens/s): {compile_s:.2f} s")
     print(kv_capacity_line(llm.engine.cache.cfg))
@@ -143,7 +139,7 @@ def run(args) -> int:
     questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(args.requests)]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0)
     print(f"serving {len(questions)} chat requests (shared default system prompt) on "
-          f"{pages} pages of {args.page_size} tokens, {args.preemption_mode} preemption")
+          f"{pages} pages of {cfg.page_size} tokens, {cfg.preemption_mode} preemption")
     try:
         for i, q in enumerate(questions):
             llm.add_request(i, llm.tokenizer.apply_chat_template([{"role": "user", "content": q}]),
@@ -188,7 +184,7 @@ def run(args) -> int:
     from ..viz.engine import draw_engine_run
 
     fig = draw_engine_run(m, title=f"{llm.model_name}: {len(outs)} chat requests, "
-                                   f"{pages} pages of {args.page_size}")
+                                   f"{pages} pages of {cfg.page_size}")
     fig.savefig(make_parent(args.out), dpi=110)
     print(f"drew {args.out}")
     print(f"total {time.perf_counter() - t_start:.1f} s")

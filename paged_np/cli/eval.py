@@ -28,11 +28,10 @@ import dataclasses
 import json
 import sys
 
-from .options import add_engine_args, engine_config
+from ..registry import WEIGHT_QUANTIZATIONS
+from .options import add_engine_args, engine_config, load_quantization
 from .serve import TINY_MODEL, tiny_model
 
-#: The eval's own defaults for engine options (the rest are EngineConfig's).
-EVAL_DEFAULTS = {"max_num_batched_tokens": 512}
 #: What makes a config the reference, for the fields this EngineConfig has:
 #: float32 KV pages (vLLM's ``kv_cache_dtype="auto"`` for a float32 model).
 REFERENCE = {"kv_cache_dtype": "auto"}
@@ -52,12 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sweep", action="append", default=[], metavar="FIELD=V1,V2",
                     help="one run per value of an EngineConfig field (repeatable)")
     ap.add_argument("--weights", default=None, metavar="F1,F2",
-                    help="weight formats, each a load_model quantization: none (float32), "
-                         "gguf (the file's blocks), gguf_a8 (the same, int8 inputs), q8_0; "
-                         "the first is the reference's "
+                    help="weight formats, each a load_model quantization (float32 for none): "
+                         f"{', '.join(WEIGHT_QUANTIZATIONS)}; the first is the reference's "
                          "(default: load_model's default)")
     ap.add_argument("--json", default=None, metavar="PATH", help="also write the results here")
-    add_engine_args(ap, defaults=EVAL_DEFAULTS)
+    add_engine_args(ap, "eval")
     return ap
 
 
@@ -88,20 +86,20 @@ def runs_from_args(args, parser) -> list:
     return runs
 
 
-WEIGHT_FORMATS = {"none": None, "float32": None, "gguf": "gguf", "gguf_a8": "gguf_a8",
-                  "q8_0": "q8_0"}
-
-
 def weight_formats(args, parser) -> list:
-    """``--weights`` as ``[(label, quantization)]`` (empty: the model's default only)."""
+    """``--weights`` as ``[(label, quantization)]`` (empty: the model's default only).
+
+    A label is a name of :data:`~paged_np.registry.WEIGHT_QUANTIZATIONS`, or
+    ``float32`` for its ``none``.
+    """
     if args.weights is None:
         return []
+    known = ("float32", *WEIGHT_QUANTIZATIONS)
     labels = [w.strip().lower() for w in args.weights.split(",") if w.strip()]
-    bad = [w for w in labels if w not in WEIGHT_FORMATS]
+    bad = [w for w in labels if w not in known]
     if not labels or bad:
-        parser.error(f"--weights {args.weights!r}: expected a comma list of "
-                     f"{sorted(WEIGHT_FORMATS)}")
-    return [(w, WEIGHT_FORMATS[w]) for w in labels]
+        parser.error(f"--weights {args.weights!r}: expected a comma list of {sorted(known)}")
+    return [(w, None if w == "float32" else load_quantization(w)) for w in labels]
 
 
 def _value(field, text: str):

@@ -1,9 +1,13 @@
-"""``python -m paged_np info``: versions, attention backends and the machine.
+"""``python -m paged_np info``: versions, attention backends, every choice, and the machine.
 
 Answers "what will ``backend="auto"`` pick here, and why not the others?"
 without compiling a kernel: each backend of the registry
 (:data:`paged_np.registry.ATTENTION_BACKENDS`) is only imported, and listed with
-whether the serving engine runs it.
+whether the serving engine runs it. Then every registry of
+:data:`paged_np.registry.REGISTRIES` (eviction policies, prefix indexes, KV
+formats, schedules, ...) by the option that chooses from it, each name with
+its line of ``about``: what the flags and ``EngineConfig`` accept right now,
+choices registered from outside the package included.
 """
 
 from __future__ import annotations
@@ -37,12 +41,24 @@ def engine_use(name: str) -> str:
     return "engine: yes" if spec.engine else f"engine: no ({spec.why_not_engine})"
 
 
+def choice_lines() -> list[str]:
+    """Every registry, by its option, then each of its names with the entry's ``about``."""
+    from ..registry import REGISTRIES
+
+    lines = []
+    for option, registry in REGISTRIES.items():
+        lines.append(f"  {option} ({registry.what}):")
+        width = max((len(name) for name in registry), default=0)
+        lines += [f"    {name:<{width}}  {entry.about}" for name, entry in registry.items()]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     argparse.ArgumentParser(prog="python -m paged_np info",
-                            description="Versions, attention backends and the machine.",
-                            ).parse_args(argv)
+                            description="Versions, attention backends, every registered "
+                                        "choice and the machine.").parse_args(argv)
     import numba
     import numpy as np
 
@@ -59,4 +75,6 @@ def main(argv: list[str] | None = None) -> int:
     for name, state in backends().items():
         print(f"  {name:<6} {state}")
         print(f"  {'':<6} {ATTENTION_BACKENDS[name].about}; {engine_use(name)}")
+    print("choices, by the option that picks one (paged_np.registry.REGISTRIES):")
+    print("\n".join(choice_lines()))
     return 0

@@ -44,9 +44,6 @@ from .options import (
 # A model that needs no download: random weights and the tiny test tokenizer.
 TINY_MODEL = "tiny-random"
 
-#: The server's own defaults for engine options (the rest are EngineConfig's).
-SERVE_DEFAULTS = {"max_num_seqs": 32, "max_num_batched_tokens": 512}
-
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m paged_np serve",
@@ -59,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     # every EngineConfig field is a flag (--prefix-cache radix --schedule lpm ...);
     # a server seats more sequences, and batches more tokens, than the library's defaults
     add_quantization_arg(ap)
-    add_engine_args(ap, defaults=SERVE_DEFAULTS)
+    add_engine_args(ap, "serve")          # COMMAND_DEFAULTS["serve"]
     return ap
 
 

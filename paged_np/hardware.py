@@ -1,14 +1,17 @@
-"""The machine's two limits, measured where paged_np runs: its streaming read bandwidth
-and its peak of fused multiply-adds, with the instruction set Numba compiles for.
+"""Hardware probes: the machine's two limits, measured where paged_np runs (its streaming
+read bandwidth and its peak of fused multiply-adds), the instruction set Numba compiles
+for, and the timing helpers every benchmark shares.
 
 :func:`stream_bandwidth` (a parallel Numba sum over 512 MiB), :func:`fma_peak`
 (independent multiply-add chains on every thread, in the vector width of the
 target), :func:`isa_info` (what the CPU has and what Numba emits for it), and
 :func:`paged_reader` (the same K/V tiles decode reads, summed in its order: the
-limit of the access pattern), with the timing helpers every benchmark here
-shares (:func:`best_time`, :func:`settle`). ``python -m paged_np bench`` reports
-every kernel against these; :mod:`paged_np.cli.bench_model` reuses the read.
-Nothing here imports another module of the bench: it is the bottom layer.
+limit of the access pattern), with :func:`best_time`, :func:`settle`,
+:func:`machine_line` and :func:`versions` for a result's header.
+``python -m paged_np bench`` reports every kernel against these,
+:mod:`paged_np.cli.bench_model` reuses the read, and the scripts in
+``benchmarks/`` and notebook 09 import them from here. Nothing here imports
+the rest of the package: it is the bottom layer.
 """
 
 from __future__ import annotations
@@ -164,6 +167,12 @@ def machine_line() -> str:
     flags = _cpu_flags()
     isa = "AVX-512" if "avx512f" in flags else ("AVX2" if "avx2" in flags else "no AVX2")
     return f"{cpu_model()}, {os.cpu_count()} cores, {isa}"
+
+
+def versions() -> dict:
+    """The software a measurement ran on: Numba's threads and each library's version."""
+    return {"threads": numba.get_num_threads(),
+            **{lib.__name__: lib.__version__ for lib in (numba, np)}}
 
 
 def isa_info() -> dict:
