@@ -10,7 +10,7 @@ import pytest
 
 import paged_np as pnp
 from paged_np.checks import parse_bytes
-from paged_np.engine.verify import check_greedy
+from paged_np.engine.dense_check import check_against_dense
 
 
 @pytest.fixture(scope="module")
@@ -274,16 +274,16 @@ def test_preemption_and_prefix_hits_equal_dense(model, tok, mode):
     assert m["preemptions"] > 0
     assert sum(o.num_cached_tokens for o in outs) > 0
     for o in outs:       # teacher-forced: one dense forward over prompt + output
-        check = check_greedy(model, o.prompt_token_ids, o.outputs[0].token_ids)
+        check = check_against_dense(model, o.prompt_token_ids, o.outputs[0].token_ids)
         assert check.ok and check.checked == 24 and check.near_tie is None
 
 
-def test_check_greedy_finds_a_wrong_token(model, tok):
+def test_check_against_dense_finds_a_wrong_token(model, tok):
     prompt = tok.encode("Hello world")
     good = model.dense_generate(prompt, 6)
-    assert check_greedy(model, prompt, good).checked == 6
+    assert check_against_dense(model, prompt, good).checked == 6
     bad = good[:3] + [(good[3] + 1) % model.cfg.vocab_size] + good[4:]
-    check = check_greedy(model, prompt, bad)
+    check = check_against_dense(model, prompt, bad)
     assert not check.ok and check.mismatch == 3 and check.checked == 3
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import paged_np as pnp
-from paged_np.engine.verify import check_greedy
+from paged_np.engine.dense_check import check_against_dense
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "smollm2_golden.json").read_text())
 
@@ -55,5 +55,5 @@ def test_stop_string_and_teacher_forced_check(smollm2_loaded):
     c = out.outputs[0]
     assert c.text == "In the realm of " and c.finish_reason == "stop"
     assert c.token_ids == r["greedy_ids"][:len(c.token_ids)]
-    check = check_greedy(model, out.prompt_token_ids, c.token_ids)
+    check = check_against_dense(model, out.prompt_token_ids, c.token_ids)
     assert check.ok and check.checked == len(c.token_ids)

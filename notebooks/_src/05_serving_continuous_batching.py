@@ -39,7 +39,7 @@ import matplotlib.pyplot as plt
 import paged_np as pnp
 from paged_np import viz
 from paged_np.sim import simulate, workloads
-from paged_np.serving import serve       # the loop the demo runs, from the library
+from paged_np.engine.replay import replay   # the loop the demo runs, from the library
 from _exercise import check, check_function   # notebooks/_exercise.py
 
 N_REQUESTS = 24          # size knob: requests in the streams below
@@ -104,7 +104,7 @@ assert tokens_per_step.tolist() == by_hand
 #
 # Now a stream like a server's: two requests arrive per step, every other one starts with
 # the same 24-token system prompt (three pages of 8), and each asks for 8 to 24 tokens.
-# `paged_np.serving.serve` feeds each request to the engine at its arrival step and steps
+# `paged_np.engine.replay.replay` feeds each request to the engine at its arrival step and steps
 # until everything is done. First a roomy cache of 64 pages.
 
 # %%
@@ -119,7 +119,7 @@ def workload(n, seed=0):
 work = workload(N_REQUESTS)
 roomy = pnp.Engine(model, num_pages=64, page_size=8, max_num_seqs=8,
                    max_num_batched_tokens=64, backend=BACKEND, record_events=True)
-outs = serve(roomy, work)
+outs = replay(roomy, work)
 fig = viz.draw_timeline(roomy.cache.events, 64, roomy.metrics, title="64 pages: no pressure")
 
 # %% [markdown]
@@ -168,7 +168,7 @@ for mode in ("recompute", "swap"):
     eng = pnp.Engine(model, num_pages=20, page_size=8, max_num_seqs=8,
                      max_num_batched_tokens=64, preemption_mode=mode, backend=BACKEND,
                      record_events=True)
-    runs[mode] = (eng, serve(eng, work))
+    runs[mode] = (eng, replay(eng, work))
 eng = runs["recompute"][0]
 fig = viz.draw_timeline(eng.cache.events, 20, eng.metrics, title="20 pages, recompute")
 

@@ -98,7 +98,7 @@ def main(argv: list[str], stdin=None, stdout=None) -> int:
     except ModelLoadError as e:
         print(f"chat: cannot load {args.model!r}: {e}", file=sys.stderr)
         return 1
-    from ..serving import warm_up
+    from ..engine.replay import warm_up
 
     cfg = args.config
     compile_s = warm_up(llm.model, cfg.page_size, cfg.backend, cfg.kv_cache_dtype)

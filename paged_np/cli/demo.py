@@ -23,7 +23,7 @@ Options: ``--requests --seed --no-verify --out``, and every engine option
 (:class:`~paged_np.EngineConfig`: ``--pages``/``--num-pages``, ``--page-size``,
 ``--backend``, ``--preemption``/``--preemption-mode``, ``--prefix-cache``,
 ``--schedule``...). The serving loop, the warm-up and the summary table are
-the library's (:mod:`paged_np.serving`); notebooks use the same ones.
+the library's (:mod:`paged_np.engine.replay`); notebooks use the same ones.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..engine.engine import Engine
 from ..models.llama import LlamaModel
-from ..serving import serve, summary, warm_up
+from ..engine.replay import replay, summary, warm_up
 from . import DEFAULT_OUT, kv_capacity_line, make_parent
 from .options import ALIASES, add_engine_args, engine_config
 
@@ -124,7 +124,7 @@ def main(argv: list[str]) -> int:
           f"backend {cfg.backend})")
     t0 = time.perf_counter()
     with tqdm(total=len(work), unit="req", desc="serving") as bar:
-        outs = serve(engine, work, on_finish=lambda _: bar.update())
+        outs = replay(engine, work, on_finish=lambda _: bar.update())
     wall = time.perf_counter() - t0
     m = engine.metrics
     failed = [o for o in outs if o.finish_reason == "error"]

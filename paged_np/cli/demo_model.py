@@ -80,7 +80,7 @@ def parse_args(argv):
 
 def verify(model, outs, stop_token_ids, max_tokens):
     """``(ok, near_ties, problems)``: the teacher-forced dense check of every answer."""
-    from ..engine.verify import check_greedy
+    from ..engine.dense_check import check_against_dense
 
     ok, ties, problems = 0, [], []
     for o in outs:
@@ -92,7 +92,7 @@ def verify(model, outs, stop_token_ids, max_tokens):
             problems.append(f"request {o.request_id}: {len(ids)} tokens, finish_reason "
                             f"{c.finish_reason!r}" + (f" ({o.error})" if o.error else ""))
             continue
-        check = check_greedy(model, o.prompt_token_ids, ids)
+        check = check_against_dense(model, o.prompt_token_ids, ids)
         if not check.ok:
             problems.append(f"request {o.request_id}: token {check.mismatch} differs from the "
                             "dense argmax")
@@ -118,7 +118,7 @@ def run(args) -> int:
     from ..engine.llm import LLM
     from ..engine.sampling import SamplingParams
     from ..errors import ModelLoadError, PagedNPError
-    from ..serving import summary, warm_up
+    from ..engine.replay import summary, warm_up
 
     cfg = args.config
     t_start = time.perf_counter()

@@ -1,18 +1,18 @@
 """Driving an engine from a script: a stream of requests, a JIT warm-up, a summary table.
 
 The demo (``python -m paged_np demo``), the chat command and the notebooks all
-serve a scripted workload the same way, so the loop lives here, in the
+replay a scripted workload the same way, so the loop lives here, in the
 library, and each of them imports it::
 
-    from paged_np.serving import serve, summary, warm_up
+    from paged_np.engine.replay import replay, summary, warm_up
 
     warm_up(model, page_size=16, backend="auto")          # compile before the clock
     work = [(0, prompt_a, 16), (0, prompt_b, 8), (1, prompt_c, 32)]
-    outs = serve(engine, work)                            # RequestOutputs, in order
+    outs = replay(engine, work)                           # RequestOutputs, in order
     print(summary(engine.metrics, len(outs), 0))
 
 A workload is a list of ``(arrival step, prompt token ids, max_tokens)``:
-:func:`serve` adds each request at its arrival step (continuous batching:
+:func:`replay` adds each request at its arrival step (continuous batching:
 requests join the running batch between steps, as they would reach a
 server) and steps until everything is done. Greedy sampling throughout, so
 a run can be checked token for token against ``model.dense_generate``.
@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import time
 
-from .engine.engine import Engine
-from .engine.sampling import SamplingParams
+from .engine import Engine
+from .sampling import SamplingParams
 
 
-def serve(engine: Engine, work, on_finish=None) -> list:
+def replay(engine: Engine, work, on_finish=None) -> list:
     """Feed requests at their arrival steps, step until all are done; outputs in order.
 
     ``work``: ``[(arrival_step, prompt_ids, max_tokens), ...]`` sorted by

@@ -21,8 +21,8 @@ import numpy as np
 
 
 @dataclass
-class GreedyCheck:
-    """The result of :func:`check_greedy` for one request."""
+class DenseCheck:
+    """The result of :func:`check_against_dense` for one request."""
 
     ok: bool                    # every token checked is the dense argmax
     checked: int                # tokens compared (up to a near-tie or a mismatch)
@@ -31,11 +31,11 @@ class GreedyCheck:
     gap: float | None = None     # the top-2 logit gap there
 
 
-def check_greedy(model, prompt_ids, token_ids, tie_gap: float = 1e-4) -> GreedyCheck:
+def check_against_dense(model, prompt_ids, token_ids, tie_gap: float = 1e-4) -> DenseCheck:
     """Is every greedy ``token_ids[i]`` the dense argmax after ``prompt + token_ids[:i]``?"""
     prompt_ids, token_ids = list(prompt_ids), list(token_ids)
     if not token_ids:
-        return GreedyCheck(ok=True, checked=0)
+        return DenseCheck(ok=True, checked=0)
     logits = model.dense_logits(prompt_ids + token_ids[:-1])     # [P + N - 1, V]
     rows = logits[len(prompt_ids) - 1:]                           # [N, V] one per output token
     for i, (row, tok) in enumerate(zip(rows, token_ids)):
@@ -44,8 +44,8 @@ def check_greedy(model, prompt_ids, token_ids, tie_gap: float = 1e-4) -> GreedyC
         gap = float(top2[1] - top2[0])
         if gap < tie_gap:
             ok = tok in np.flatnonzero(row >= row.max() - tie_gap)
-            return GreedyCheck(ok=bool(ok), checked=i, near_tie=i, gap=gap,
+            return DenseCheck(ok=bool(ok), checked=i, near_tie=i, gap=gap,
                                mismatch=None if ok else i)
         if best != tok:
-            return GreedyCheck(ok=False, checked=i, mismatch=i, gap=gap)
-    return GreedyCheck(ok=True, checked=len(token_ids))
+            return DenseCheck(ok=False, checked=i, mismatch=i, gap=gap)
+    return DenseCheck(ok=True, checked=len(token_ids))
