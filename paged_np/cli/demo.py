@@ -36,8 +36,8 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..engine.engine import Engine
-from ..models.llama import LlamaModel
 from ..engine.replay import replay, summary, warm_up
+from ..models.llama import LlamaModel
 from . import DEFAULT_OUT, kv_capacity_line, make_parent
 from .options import ALIASES, add_engine_args, engine_config
 

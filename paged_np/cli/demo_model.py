@@ -116,9 +116,9 @@ def run(args) -> int:
     from tqdm import tqdm
 
     from ..engine.llm import LLM
+    from ..engine.replay import summary, warm_up
     from ..engine.sampling import SamplingParams
     from ..errors import ModelLoadError, PagedNPError
-    from ..engine.replay import summary, warm_up
 
     cfg = args.config
     t_start = time.perf_counter()
