@@ -22,10 +22,10 @@ the KV memory goes, under three experiments from Kwon et al. (SOSP 2023):
      or exactly its true length (``orca_oracle``). It keeps them to the end.
    - *Paged*: the engine's own :class:`~paged_np.engine.scheduler.Scheduler`
      over the real :class:`~paged_np.PagedKVCache` (a tiny arena, see
-     :mod:`.replay`) with no model: pages are allocated on demand; when a
+     :mod:`.trace_engine`) with no model: pages are allocated on demand; when a
      decode step finds no page, the last-admitted request is preempted
      (freed, and recomputed later), as vLLM does. Admission keeps 1% of
-     pages free (vLLM v0's watermark, :class:`~.replay.WatermarkCache`).
+     pages free (vLLM v0's watermark, :class:`~.trace_engine.WatermarkCache`).
 
    At every step at which some request is still waiting (the server is
    full: memory, not demand, is the limit), after the step's writes, the
@@ -80,7 +80,7 @@ from ..engine.scheduler import Scheduler
 from ..errors import InvalidArgument
 from . import workloads as wl
 from .contiguous import MAX_LEN, SCHEMES, FirstFit, reserve_size
-from .replay import TINY_MODEL, WatermarkCache, trace_request
+from .trace_engine import TINY_MODEL, WatermarkCache, trace_request
 
 KV_SLOTS = 15728  # 12 GiB of KV / 800 KiB per token (OPT-13B: 2 * 40 layers * 5120 * 2 bytes)
 #: OPT-13B's KV shape: layers, heads, head size (2 * 40 * 40 * 128 values per token).
@@ -173,7 +173,7 @@ def serve_paged(requests, page_size: int, num_slots: int = KV_SLOTS,
     deciding: every running request grows by one token (when no page is
     there, the newest running request is preempted and will recompute), then
     waiting requests are admitted first come first served, under the seat cap
-    ``max_batch`` and the watermark (:class:`~.replay.WatermarkCache`), but
+    ``max_batch`` and the watermark (:class:`~.trace_engine.WatermarkCache`), but
     not in a step that preempted. The token budget is the arena, so it never
     binds: a whole prompt is one step. The scheduled tokens are then written
     (``append_tokens``), the slots counted, and each request either finishes

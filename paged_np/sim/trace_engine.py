@@ -26,6 +26,9 @@ What the Scheduler lacks, the memory figures add through the cache seam
 
 from __future__ import annotations
 
+import functools
+import time
+
 import numpy as np
 
 from ..cache.kv_cache import PagedKVCache
@@ -35,7 +38,7 @@ from ..engine.request import ParentRequest, Request
 from ..engine.sampling import SamplingParams
 from . import workloads as wl
 
-__all__ = ["TINY_MODEL", "WatermarkCache", "trace_request"]
+__all__ = ["TINY_MODEL", "WatermarkCache", "stand_in_model", "trace_request", "trace_step"]
 
 #: The shapes the cache needs from a model; nothing is computed, so the least of each:
 #: the arena is negligible and the bookkeeping is what is measured.
@@ -87,3 +90,51 @@ def trace_request(index: int, prompt: list, num_output: int) -> Request:
     output = RequestOutput(index, prompt, [SampleOutput(0)])
     parent = ParentRequest(index, index, prompt, params, output)
     return Request(index, parent, output.samples[0], rng=None)
+
+
+@functools.cache
+def stand_in_model():
+    """The model an Engine is built around here: a tiny random LlamaModel that never runs.
+
+    The engine reads its config (the vocabulary prompts are checked against,
+    no sliding window); :func:`trace_step` never calls its ``forward``.
+    """
+    from ..models.llama import LlamaModel
+
+    return LlamaModel.random(TINY_MODEL)
+
+
+def trace_step(engine, outputs: dict) -> tuple[list, int]:
+    """One :meth:`Engine.step <paged_np.Engine.step>` whose model is the trace.
+
+    The engine's step (:func:`~paged_np.engine.engine.continuous_batching_step`)
+    is 1. schedule, 2. build the batch, 3. run the model, 4. post-process.
+    Here 1 and 4 are the engine's own; 2 and 3 become one row of logits per
+    sequence that samples now (float32 ``[S, V]``), zero except at that
+    request's next token in the trace, so the engine's greedy sampler returns
+    it. ``outputs[request_id]`` is the trace's output tokens for each request
+    (its ``max_tokens`` ends it after the last one).
+
+    Returns the requests finished in this step (:class:`~paged_np.RequestOutput`)
+    and the prompt tokens it computed (a count the engine does not keep:
+    prompts computed again after a preemption count again).
+    """
+    t0 = time.perf_counter()
+    out = engine.scheduler.schedule()                                # 1
+    engine.record_admissions(out.admitted)
+    for req, reason in out.failed:
+        engine.fail(req, reason)
+    prompt_tokens = sum(max(0, min(req.num_computed_tokens + n, len(req.parent.prompt))
+                            - req.num_computed_tokens) for req, n, _ in out.scheduled)
+    # Who samples now: a sequence whose step reaches the end of what it knows.
+    nexts = [outputs[req.parent.request_id][len(req.sample.token_ids)]
+             for req, n, _ in out.scheduled
+             if req.num_computed_tokens + n == req.num_tokens]      # [S]
+    logits = np.zeros((len(nexts), engine.model.cfg.vocab_size), np.float32)  # [S, V]
+    logits[np.arange(len(nexts)), nexts] = 1.0                      # 2, 3: the trace
+    t1 = time.perf_counter()
+    if out.scheduled:
+        engine.postprocess(out.scheduled, logits)                   # 4
+    engine.record_step(t1 - t0, 0.0, time.perf_counter() - t1,
+                       sum(n for _, n, _ in out.scheduled))
+    return engine.take_finished(), prompt_tokens
