@@ -61,6 +61,12 @@ def test_engine_run_gives_the_stored_rows():
         assert {k: row[k] for k in res} == res, (row["prefix_cache"], row["schedule"])
 
 
+def test_report_of_the_stored_json_is_the_stored_table():
+    """The table's columns come from the results (not the registries of the day)."""
+    table = prefix.report(json.loads(STORED.read_text()))
+    assert table.strip() == STORED.with_name("prefix_cache_table.md").read_text().strip()
+
+
 def admission_order(n, schedule, *args, **kw):
     return SCHEDULES.load(schedule)(n, *args, **kw)
 

@@ -9,6 +9,7 @@ import pytest
 
 from paged_np.cli import simulate as simulate_cli
 from paged_np.errors import InvalidArgument
+from paged_np.registry import EVICTION_POLICIES
 from paged_np.sim import simulate as sim
 from paged_np.sim import workloads as wl
 from paged_np.sim.contiguous import FirstFit, reserve_size
@@ -163,7 +164,7 @@ def test_hit_rate_of_a_two_turn_chat_by_hand():
     t1 = req(0, 9, 3)
     t2 = Request(1, np.concatenate([t1.prompt, t1.output, [7, 8]]), np.array([9]))
     assert sim.max_reusable_fraction([t1, t2], 4) == pytest.approx(12 / 23)
-    for policy in sim.POLICIES:
+    for policy in EVICTION_POLICIES:
         for pages in (4, 100):  # 4: exactly enough for turn 2 to keep its 3 hits
             assert sim.hit_rate([t1, t2], policy, pages, 4) == pytest.approx(12 / 23)
 
@@ -173,7 +174,7 @@ def test_hit_rate_curves_reach_the_trace_maximum():
     sizes = sim.cache_sizes(trace, 16, 4)
     best = sim.max_reusable_fraction(trace, 16)
     assert 0.3 < best < 1.0
-    for policy in sim.POLICIES:
+    for policy in EVICTION_POLICIES:
         curve = [sim.hit_rate(trace, policy, s, 16) for s in sizes]
         assert curve[-1] == pytest.approx(best)  # big enough for everything
         assert curve[0] <= curve[-1] and max(curve) <= best + 1e-12

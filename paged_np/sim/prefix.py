@@ -54,13 +54,12 @@ from ..engine.config import EngineConfig
 from ..engine.engine import Engine
 from ..engine.sampling import SamplingParams
 from ..errors import InvalidArgument
+from ..registry import PREFIX_INDEXES, SCHEDULES
 from . import workloads as wl
 from .simulate import max_reusable_fraction
 from .trace_engine import stand_in_model, trace_step
 
 WORKLOADS = ("fewshot", "chat", "branching", "system")
-PREFIX_CACHES = ("hash", "radix")
-SCHEDULES = ("fcfs", "lpm")
 PAGE_SIZES = (1, 16)
 #: Cache sizes as fractions of the trace's distinct tokens (its trie with unlimited cache).
 FRACTIONS = (0.1, 0.25, 0.5)
@@ -168,7 +167,7 @@ def run(seed: int = 0, progress: bool = True, workloads=WORKLOADS, page_sizes=PA
             for f in fractions:
                 # Never below what the running requests need at once (two of the longest).
                 pages = max(int(f * distinct) // ps, 2 * (-(-biggest // ps)))
-                for pc in PREFIX_CACHES:
+                for pc in PREFIX_INDEXES:
                     for sch in SCHEDULES:
                         jobs.append((name, ps, f, pages, pc, sch))
     rows = []
@@ -186,19 +185,21 @@ def run(seed: int = 0, progress: bool = True, workloads=WORKLOADS, page_sizes=PA
 
 
 def report(res: dict) -> str:
-    """The results as a Markdown table (one row per workload, page size and cache size)."""
+    """The results as a Markdown table (one row per workload, page size and cache size).
+
+    Its columns are the (index, schedule) pairs the results hold, in the order run.
+    """
+    cols = list(dict.fromkeys((r["prefix_cache"], r["schedule"]) for r in res["rows"]))
     head = ("| workload | page | cache (pages, % of distinct) | optimal hit | "
-            + " | ".join(f"{pc} {sch} hit / prefill" for pc in PREFIX_CACHES for sch in SCHEDULES)
-            + " |")
-    lines = [head, "|" + "---|" * (4 + len(PREFIX_CACHES) * len(SCHEDULES))]
+            + " | ".join(f"{pc} {sch} hit / prefill" for pc, sch in cols) + " |")
+    lines = [head, "|" + "---|" * (4 + len(cols))]
     groups: dict = {}
     for r in res["rows"]:
         groups.setdefault((r["workload"], r["page_size"], r["cache_fraction"]), {})[
             (r["prefix_cache"], r["schedule"])] = r
     for (name, ps, f), g in groups.items():
         any_row = next(iter(g.values()))
-        cells = [f"{g[(pc, s)]['hit_rate']:.1%} / {g[(pc, s)]['prefill_tokens']:,}"
-                 for pc in PREFIX_CACHES for s in SCHEDULES]
+        cells = [f"{g[c]['hit_rate']:.1%} / {g[c]['prefill_tokens']:,}" for c in cols]
         lines.append(f"| {name} | {ps} | {any_row['cache_pages']:,} ({f:.0%}) | "
                      f"{any_row['optimal_hit_rate']:.1%} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -56,8 +56,9 @@ the KV memory goes, under three experiments from Kwon et al. (SOSP 2023):
 3. **Prefix caching and eviction** (not in the paper). Multi-turn chat and
    few-shot traces are served one request at a time through the real cache,
    whose pages stay CACHED after a request ends; the hit rate (prompt tokens
-   reused / prompt tokens) is swept over cache sizes for the ``lru``,
-   ``fifo`` and ``lfu`` policies. The largest size holds every page, so its
+   reused / prompt tokens) is swept over cache sizes for every eviction
+   policy of :data:`~paged_np.registry.EVICTION_POLICIES` (the package's
+   three, and any a user registers). The largest size holds every page, so its
    hit rate is the trace's maximum reusable fraction
    (:func:`max_reusable_fraction`, computed independently with a trie).
 
@@ -78,6 +79,7 @@ from ..config import CacheConfig
 from ..engine.config import EngineConfig
 from ..engine.scheduler import Scheduler
 from ..errors import InvalidArgument
+from ..registry import EVICTION_POLICIES
 from . import workloads as wl
 from .contiguous import MAX_LEN, SCHEMES, FirstFit, reserve_size
 from .trace_engine import TINY_MODEL, WatermarkCache, trace_request
@@ -102,7 +104,6 @@ MAX_BATCH = 256  # vLLM's default max_num_seqs
 WATERMARK = 0.01  # vLLM keeps 1% of pages free when admitting
 CATEGORIES = ("token_states", "reservation", "internal_frag", "external_frag")
 WIDTHS = (2, 4, 6)  # the paper's parallel sizes and beam widths (Fig. 15)
-POLICIES = ("lru", "fifo", "lfu")
 
 #: The paper's numbers, quoted in the JSON and the plots (fractions).
 PAPER = {
@@ -387,7 +388,7 @@ def run(seed: int = 0, quick: bool = False, progress: bool = True,
             jobs.append((("beam_search", d, str(n)), lambda t=t, n=n, d=d, i=i: savings(
                 beam_search_pages(t, n, ps, rng(20 + 10 * i + n), wl.BEAM_AMBIGUITY[d]))))
     for name, t in prefix.items():
-        for pol in POLICIES:
+        for pol in EVICTION_POLICIES:
             for c in cache_sizes(t, ps, size["points"]):
                 jobs.append((("policies", name, pol, c),
                              lambda t=t, pol=pol, c=c: hit_rate(t, pol, c, ps)))
@@ -402,7 +403,7 @@ def run(seed: int = 0, quick: bool = False, progress: bool = True,
     widths = {kind: {d: {k[2]: v for k, v in raw.items() if k[:2] == (kind, d)} for d in sharing}
               for kind in ("parallel_sampling", "beam_search")}
     curves = {name: {pol: [{"cache_pages": k[3], "hit_rate": v} for k, v in raw.items()
-                           if k[:3] == ("policies", name, pol)] for pol in POLICIES}
+                           if k[:3] == ("policies", name, pol)] for pol in EVICTION_POLICIES}
               for name in prefix}
     return {
         "seed": seed,
