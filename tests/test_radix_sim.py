@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -39,6 +42,29 @@ def test_small_cache_run_keeps_the_cache_consistent(schedule):
         res = prefix.serve(trace, parent, pc, schedule, num_pages=60, page_size=16)
         assert 0 < res["hit_rate"] <= max_reusable_fraction(trace, 16) + 1e-12
         assert res["prefill_tokens"] >= (1 - res["hit_rate"]) * res["prompt_tokens"] - 1e-9
+
+
+STORED = Path(__file__).resolve().parents[1] / "benchmarks" / "prefix_cache.json"
+
+
+def test_engine_run_gives_the_stored_rows():
+    """Served by the engine (its post-processing included), the few-shot trace at page 16
+    and a quarter of its distinct tokens gives the committed rows exactly, preemptions
+    included, for both indexes and both schedules."""
+    stored = [r for r in json.loads(STORED.read_text())["rows"]
+              if (r["workload"], r["page_size"], r["cache_fraction"]) == ("fewshot", 16, 0.25)]
+    assert len(stored) == 4 and any(r["preemptions"] for r in stored)
+    trace, parent = prefix.make_traces(0)["fewshot"]
+    for row in stored:
+        res = prefix.serve(trace, parent, row["prefix_cache"], row["schedule"],
+                           row["cache_pages"], 16)
+        assert {k: row[k] for k in res} == res, (row["prefix_cache"], row["schedule"])
+
+
+def test_report_of_the_stored_json_is_the_stored_table():
+    """The table's columns come from the results (not the registries of the day)."""
+    table = prefix.report(json.loads(STORED.read_text()))
+    assert table.strip() == STORED.with_name("prefix_cache_table.md").read_text().strip()
 
 
 def admission_order(n, schedule, *args, **kw):

@@ -2,12 +2,14 @@
 tiny forks, prefix-cache hit rates against an independent trie, determinism."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from paged_np.cli import simulate as simulate_cli
 from paged_np.errors import InvalidArgument
+from paged_np.registry import EVICTION_POLICIES
 from paged_np.sim import simulate as sim
 from paged_np.sim import workloads as wl
 from paged_np.sim.contiguous import FirstFit, reserve_size
@@ -94,6 +96,31 @@ def test_paged_preempts_the_last_admitted_and_finishes_everything():
         sim.serve_paged([req(0, 30, 5)], page_size=4, num_slots=16, watermark=0.0)
 
 
+STORED = Path(__file__).resolve().parents[1] / "benchmarks" / "simulate_vllm_paper.json"
+
+
+def test_paged_headline_is_the_stored_figure():
+    """The engine's Scheduler reproduces the paper figure in the committed JSON exactly:
+    ShareGPT-like, 1000 requests, seed 0, page 16 (its time-averaged shares, mean batch,
+    measured steps and preemptions)."""
+    stored = json.loads(STORED.read_text())
+    trace = wl.sample_requests(wl.SHAREGPT, 1000, np.random.default_rng([0, 0]))
+    assert wl.DATASETS["sharegpt"] is wl.SHAREGPT and list(wl.DATASETS)[0] == "sharegpt"
+    assert sim.serve_paged(trace, 16) == stored["memory_breakdown"]["paged"]
+
+
+@pytest.mark.slow
+def test_full_run_is_the_stored_json():
+    """``simulate --seed 0`` (the full run) gives every number of the committed JSON."""
+    stored = json.loads(STORED.read_text())
+    res = json.loads(json.dumps(sim.run(0, quick=False, progress=False)))
+    for key, want in stored.items():
+        if key == "config":       # the JSON predates the kv_cache_dtype entry
+            assert want.items() <= res[key].items()
+        else:
+            assert res[key] == want, key
+
+
 @pytest.mark.parametrize("scheme", sim.SCHEMES)
 def test_categories_sum_to_one(scheme):
     reqs = wl.sample_requests(wl.SHAREGPT, 80, np.random.default_rng(0))
@@ -137,7 +164,7 @@ def test_hit_rate_of_a_two_turn_chat_by_hand():
     t1 = req(0, 9, 3)
     t2 = Request(1, np.concatenate([t1.prompt, t1.output, [7, 8]]), np.array([9]))
     assert sim.max_reusable_fraction([t1, t2], 4) == pytest.approx(12 / 23)
-    for policy in sim.POLICIES:
+    for policy in EVICTION_POLICIES:
         for pages in (4, 100):  # 4: exactly enough for turn 2 to keep its 3 hits
             assert sim.hit_rate([t1, t2], policy, pages, 4) == pytest.approx(12 / 23)
 
@@ -147,7 +174,7 @@ def test_hit_rate_curves_reach_the_trace_maximum():
     sizes = sim.cache_sizes(trace, 16, 4)
     best = sim.max_reusable_fraction(trace, 16)
     assert 0.3 < best < 1.0
-    for policy in sim.POLICIES:
+    for policy in EVICTION_POLICIES:
         curve = [sim.hit_rate(trace, policy, s, 16) for s in sizes]
         assert curve[-1] == pytest.approx(best)  # big enough for everything
         assert curve[0] <= curve[-1] and max(curve) <= best + 1e-12

@@ -23,6 +23,8 @@ LABELS = {"token_states": "token states", "reservation": "reservation",
           "internal_frag": "internal frag.", "external_frag": "external frag. & others"}
 COLORS = {"token_states": "#4c72b0", "reservation": "#dd8452",
           "internal_frag": "#c44e52", "external_frag": "#8c8c8c"}
+#: Colors of the eviction policies' curves, in the order the results list them.
+PALETTE = ("#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3")
 SCHEME_LABELS = {"orca_max": "Orca\n(Max)", "orca_pow2": "Orca\n(Pow2)",
                  "orca_oracle": "Orca\n(Oracle)", "paged": "paged\n(16)"}
 
@@ -83,11 +85,12 @@ def plot_savings(res: dict, ax=None):
 def plot_policies(res: dict, ax=None):
     """Hit rate against cache size for each eviction policy (chat: solid, few-shot: dashed)."""
     fig, ax = _axes(ax, (5, 4))
-    colors = {"lru": "#4c72b0", "fifo": "#dd8452", "lfu": "#55a868"}
     for key, style, name in (("policies", "-", "chat"), ("policies_fewshot", "--", "few-shot")):
-        for pol, curve in res[key].items():
+        # One color per policy, in the order they were run (the registry's, lru first).
+        for i, (pol, curve) in enumerate(res[key].items()):
             ax.plot([p["cache_pages"] for p in curve], [100 * p["hit_rate"] for p in curve],
-                    style, marker="o", ms=3, color=colors[pol], label=f"{pol} ({name})")
+                    style, marker="o", ms=3, color=PALETTE[i % len(PALETTE)],
+                    label=f"{pol} ({name})")
         ax.axhline(100 * res["max_reusable"]["chat" if name == "chat" else "fewshot"],
                    ls=":", color="black", lw=0.8)
     ax.set_xscale("log")

@@ -18,19 +18,20 @@ Four traces of token ids, shaped like the workloads of the SGLang paper
   when its parent finishes);
 - ``system``: a few long system prompts shared by many short questions.
 
-Every trace is served by the engine's own :class:`~paged_np.engine.scheduler.Scheduler`
-over the real :class:`~paged_np.PagedKVCache` (``prefix_cache="hash"`` or
-``"radix"``, ``schedule="fcfs"`` or ``"lpm"``, built from one
-:class:`~paged_np.EngineConfig`), as :class:`~paged_np.Engine` would, with
-the model taken out: nothing is computed (the arena is one layer of one
-head, the bookkeeping is what is measured) and "sampling" returns the
-trace's next output token. So admission, chunked prefill, the token and
-seat budgets, preemption (the newest running request, recomputed later)
-and the lpm ranking are the engine's, not a copy. All requests without a
-parent are waiting at step 0 (an offline batch, as in SGLang's benchmarks);
-a request whose parent is still running joins the queue when it finishes.
-Each step decodes one token per running request; ``MAX_BATCHED_TOKENS`` is
-large enough that a whole prompt is one chunk.
+Every trace is served by a real :class:`~paged_np.Engine` (``prefix_cache="hash"``
+or ``"radix"``, ``schedule="fcfs"`` or ``"lpm"``, one
+:class:`~paged_np.EngineConfig`) with the model taken out
+(:func:`~.trace_engine.trace_step`): nothing is computed (the arena is one layer
+of one head, the bookkeeping is what is measured) and the model's logits
+are replaced by the trace's next output token, which the engine's greedy
+sampler then picks. So admission, chunked prefill, the token and seat
+budgets, preemption (the newest running request, recomputed later), the
+lpm ranking, the post-processing (append, sample, finish at
+``max_tokens``) and the hit-rate count are the engine's, not a copy. All
+requests without a parent are waiting at step 0 (an offline batch, as in
+SGLang's benchmarks); a request whose parent is still running joins the
+queue when it finishes. Each step decodes one token per running request;
+``MAX_BATCHED_TOKENS`` is large enough that a whole prompt is one chunk.
 
 Reported per run: the prompt hit rate (tokens reused at each request's
 first admission / prompt tokens: the engine's ``prefix_hit_rate``), the
@@ -49,20 +50,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cache.kv_cache import PagedKVCache
-from ..config import ModelConfig
 from ..engine.config import EngineConfig
-from ..engine.outputs import RequestOutput, SampleOutput
-from ..engine.request import ParentRequest, Request
+from ..engine.engine import Engine
 from ..engine.sampling import SamplingParams
-from ..engine.scheduler import Scheduler
 from ..errors import InvalidArgument
+from ..registry import PREFIX_INDEXES, SCHEDULES
 from . import workloads as wl
 from .simulate import max_reusable_fraction
+from .trace_engine import stand_in_model, trace_step
 
 WORKLOADS = ("fewshot", "chat", "branching", "system")
-PREFIX_CACHES = ("hash", "radix")
-SCHEDULES = ("fcfs", "lpm")
 PAGE_SIZES = (1, 16)
 #: Cache sizes as fractions of the trace's distinct tokens (its trie with unlimited cache).
 FRACTIONS = (0.1, 0.25, 0.5)
@@ -70,10 +67,6 @@ MAX_RUNNING = 16        # seats: requests running at once (the engine's max_num_
 #: Tokens in one step (max_num_batched_tokens): vLLM's offline default, so a whole
 #: prompt of these traces (at most 2,048 tokens) is one chunk, as in SGLang's runs.
 MAX_BATCHED_TOKENS = 8192
-#: The shapes the cache needs from a model; nothing is computed, so the least of each:
-#: the arena is negligible and the bookkeeping is what is measured.
-TINY_MODEL = ModelConfig(vocab_size=wl.VOCAB_SIZE, hidden_size=2, num_layers=1, num_heads=1,
-                         num_kv_heads=1, head_dim=2, intermediate_size=1)
 
 
 # -------------------------------------------------------------------- traces
@@ -104,65 +97,50 @@ def distinct_tokens(trace, page_size: int) -> int:
 
 
 # --------------------------------------------------------------------- serving
-def _request(index: int, prompt: list, num_output: int) -> Request:
-    """The scheduler's record of trace request ``index`` (one sample, greedy, never stops)."""
-    params = SamplingParams(max_tokens=num_output, temperature=0.0)
-    output = RequestOutput(index, prompt, [SampleOutput(0)])
-    parent = ParentRequest(index, index, prompt, params, output)
-    return Request(index, parent, output.samples[0], rng=None)   # seq id = trace index
-
-
 def serve(trace, parent, prefix_cache: str, schedule: str, num_pages: int, page_size: int,
           max_running: int = MAX_RUNNING,
           max_batched_tokens: int = MAX_BATCHED_TOKENS, eviction_policy="lru") -> dict:
-    """Serve the trace with the engine's scheduler and cache; see the module docstring.
+    """Serve the trace with the engine, its model replaced by the trace; see the module docstring.
 
-    Each step is :meth:`Engine.step` without the model: the scheduler picks
-    the tokens (admitting, chunking, preempting), their KV is "written"
-    (``cache.append_tokens``, as the engine records a step), and a sequence
-    that reached the end of what it knows "samples" the trace's next output
-    token. A request whose output is complete is removed (its full pages stay
-    cached) and the requests waiting for it join the queue. ``eviction_policy``
-    is :class:`~paged_np.EngineConfig`'s (a name or an ``EvictionPolicy``
+    Each step is :func:`~.trace_engine.trace_step`: the engine's scheduler picks the
+    tokens (admitting, chunking, preempting) and the engine's post-processing
+    records them, "samples" the trace's next output token, and finishes a
+    request at its last one (its full pages stay cached); the requests
+    waiting for it then join the queue. ``eviction_policy`` is
+    :class:`~paged_np.EngineConfig`'s (a name or an ``EvictionPolicy``
     subclass: the capstone of the notebooks measures its own here).
     """
     config = EngineConfig(num_pages=num_pages, page_size=page_size, max_num_seqs=max_running,
                           max_num_batched_tokens=max_batched_tokens, schedule=schedule,
-                          prefix_cache=prefix_cache, eviction_policy=eviction_policy)
-    cache = PagedKVCache(config.cache_config(TINY_MODEL))
-    sched = Scheduler(cache, config)
+                          prefix_cache=prefix_cache, eviction_policy=eviction_policy,
+                          record_events=False)
+    engine = Engine(stand_in_model(), config)
     outputs = [r.output.tolist() for r in trace]
     children: dict = {}
     for i, p in enumerate(parent):
         children.setdefault(p, []).append(i)
+
+    def add(i: int) -> None:                      # trace request i, id i, greedy, no stop
+        engine.add_request(trace[i].prompt.tolist(),
+                           SamplingParams(max_tokens=len(outputs[i]), temperature=0.0),
+                           request_id=i, request_index=i)
+
     for i in children.get(-1, []):                # an offline batch: all waiting at step 0
-        sched.add(_request(i, trace[i].prompt.tolist(), len(outputs[i])))
-    first_hit: dict = {}                          # request -> tokens reused at first admission
-    prefill = steps = 0
-    while sched.running or sched.waiting:
-        out = sched.schedule()
-        if out.failed:
-            raise InvalidArgument(f"prefix simulation: {out.failed[0][1]}")
-        for req, _, hit in out.admitted:
-            first_hit.setdefault(req.seq_id, hit)
-        for req, n, _ in out.scheduled:           # the step's tokens, written
-            start = req.num_computed_tokens
-            cache.append_tokens(req.seq_id, req.tokens(start, start + n))
-            prefill += max(0, min(start + n, len(req.parent.prompt)) - start)
-            if req.num_computed_tokens < req.num_tokens:
-                continue                          # a prefill chunk: nothing to sample
-            done = req.sample.token_ids           # "sample": the trace's next token
-            done.append(outputs[req.seq_id][len(done)])
-            if len(done) == len(outputs[req.seq_id]):
-                sched.remove(req)                 # finished: its full pages stay cached
-                for c in children.get(req.seq_id, []):
-                    sched.add(_request(c, trace[c].prompt.tolist(), len(outputs[c])))
-        steps += 1
-    cache.check_invariants()
-    prompt_tokens = sum(r.input_len for r in trace)
-    return {"hit_rate": sum(first_hit.values()) / prompt_tokens, "prefill_tokens": prefill,
-            "preemptions": sched.num_preemptions, "prompt_tokens": prompt_tokens,
-            "steps": steps}
+        add(i)
+    prefill = 0
+    while engine.has_unfinished_requests():
+        finished, computed = trace_step(engine, outputs)
+        prefill += computed
+        for out in finished:
+            if out.error:
+                raise InvalidArgument(f"prefix simulation: {out.error}")
+            for c in children.get(out.request_id, []):
+                add(c)
+    engine.cache.check_invariants()
+    m = engine.metrics
+    return {"hit_rate": m["prefix_hit_rate"], "prefill_tokens": prefill,
+            "preemptions": m["preemptions"], "prompt_tokens": m["prompt_tokens"],
+            "steps": m["steps"]}
 
 
 def run(seed: int = 0, progress: bool = True, workloads=WORKLOADS, page_sizes=PAGE_SIZES,
@@ -189,7 +167,7 @@ def run(seed: int = 0, progress: bool = True, workloads=WORKLOADS, page_sizes=PA
             for f in fractions:
                 # Never below what the running requests need at once (two of the longest).
                 pages = max(int(f * distinct) // ps, 2 * (-(-biggest // ps)))
-                for pc in PREFIX_CACHES:
+                for pc in PREFIX_INDEXES:
                     for sch in SCHEDULES:
                         jobs.append((name, ps, f, pages, pc, sch))
     rows = []
@@ -207,19 +185,21 @@ def run(seed: int = 0, progress: bool = True, workloads=WORKLOADS, page_sizes=PA
 
 
 def report(res: dict) -> str:
-    """The results as a Markdown table (one row per workload, page size and cache size)."""
+    """The results as a Markdown table (one row per workload, page size and cache size).
+
+    Its columns are the (index, schedule) pairs the results hold, in the order run.
+    """
+    cols = list(dict.fromkeys((r["prefix_cache"], r["schedule"]) for r in res["rows"]))
     head = ("| workload | page | cache (pages, % of distinct) | optimal hit | "
-            + " | ".join(f"{pc} {sch} hit / prefill" for pc in PREFIX_CACHES for sch in SCHEDULES)
-            + " |")
-    lines = [head, "|" + "---|" * (4 + len(PREFIX_CACHES) * len(SCHEDULES))]
+            + " | ".join(f"{pc} {sch} hit / prefill" for pc, sch in cols) + " |")
+    lines = [head, "|" + "---|" * (4 + len(cols))]
     groups: dict = {}
     for r in res["rows"]:
         groups.setdefault((r["workload"], r["page_size"], r["cache_fraction"]), {})[
             (r["prefix_cache"], r["schedule"])] = r
     for (name, ps, f), g in groups.items():
         any_row = next(iter(g.values()))
-        cells = [f"{g[(pc, s)]['hit_rate']:.1%} / {g[(pc, s)]['prefill_tokens']:,}"
-                 for pc in PREFIX_CACHES for s in SCHEDULES]
+        cells = [f"{g[c]['hit_rate']:.1%} / {g[c]['prefill_tokens']:,}" for c in cols]
         lines.append(f"| {name} | {ps} | {any_row['cache_pages']:,} ({f:.0%}) | "
                      f"{any_row['optimal_hit_rate']:.1%} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -20,10 +20,12 @@ the KV memory goes, under three experiments from Kwon et al. (SOSP 2023):
      slots from a first-fit allocator: the model's maximum length (2048,
      ``orca_max``), the next power of two of its true length (``orca_pow2``),
      or exactly its true length (``orca_oracle``). It keeps them to the end.
-   - *Paged*: the real :class:`~paged_np.PagedKVCache` (a tiny arena: one
-     layer, one head, ``head_dim`` 1) allocates pages on demand; when a decode
-     step finds no page, the last-admitted request is preempted (freed, and
-     recomputed later), as vLLM does. Admission keeps 1% of pages free.
+   - *Paged*: the engine's own :class:`~paged_np.engine.scheduler.Scheduler`
+     over the real :class:`~paged_np.PagedKVCache` (a tiny arena, see
+     :mod:`.trace_engine`) with no model: pages are allocated on demand; when a
+     decode step finds no page, the last-admitted request is preempted
+     (freed, and recomputed later), as vLLM does. Admission keeps 1% of
+     pages free (vLLM v0's watermark, :class:`~.trace_engine.WatermarkCache`).
 
    At every step at which some request is still waiting (the server is
    full: memory, not demand, is the limit), after the step's writes, the
@@ -54,8 +56,9 @@ the KV memory goes, under three experiments from Kwon et al. (SOSP 2023):
 3. **Prefix caching and eviction** (not in the paper). Multi-turn chat and
    few-shot traces are served one request at a time through the real cache,
    whose pages stay CACHED after a request ends; the hit rate (prompt tokens
-   reused / prompt tokens) is swept over cache sizes for the ``lru``,
-   ``fifo`` and ``lfu`` policies. The largest size holds every page, so its
+   reused / prompt tokens) is swept over cache sizes for every eviction
+   policy of :data:`~paged_np.registry.EVICTION_POLICIES` (the package's
+   three, and any a user registers). The largest size holds every page, so its
    hit rate is the trace's maximum reusable fraction
    (:func:`max_reusable_fraction`, computed independently with a trie).
 
@@ -73,9 +76,13 @@ import numpy as np
 
 from ..cache.kv_cache import PagedKVCache
 from ..config import CacheConfig
-from ..errors import InvalidArgument, OutOfPages
+from ..engine.config import EngineConfig
+from ..engine.scheduler import Scheduler
+from ..errors import InvalidArgument
+from ..registry import EVICTION_POLICIES
 from . import workloads as wl
 from .contiguous import MAX_LEN, SCHEMES, FirstFit, reserve_size
+from .trace_engine import TINY_MODEL, WatermarkCache, trace_request
 
 KV_SLOTS = 15728  # 12 GiB of KV / 800 KiB per token (OPT-13B: 2 * 40 layers * 5120 * 2 bytes)
 #: OPT-13B's KV shape: layers, heads, head size (2 * 40 * 40 * 128 values per token).
@@ -97,7 +104,6 @@ MAX_BATCH = 256  # vLLM's default max_num_seqs
 WATERMARK = 0.01  # vLLM keeps 1% of pages free when admitting
 CATEGORIES = ("token_states", "reservation", "internal_frag", "external_frag")
 WIDTHS = (2, 4, 6)  # the paper's parallel sizes and beam widths (Fig. 15)
-POLICIES = ("lru", "fifo", "lfu")
 
 #: The paper's numbers, quoted in the JSON and the plots (fractions).
 PAPER = {
@@ -162,60 +168,60 @@ def serve_contiguous(requests, scheme: str, num_slots: int = KV_SLOTS, max_len: 
 
 def serve_paged(requests, page_size: int, num_slots: int = KV_SLOTS,
                 max_batch: int = MAX_BATCH, watermark: float = WATERMARK) -> dict:
-    """Serve ``requests`` (all arrived at time 0) through the real paged cache."""
+    """Serve ``requests`` (all arrived at time 0) with the engine's Scheduler and cache.
+
+    Each step is the engine's :class:`~paged_np.engine.scheduler.Scheduler`
+    deciding: every running request grows by one token (when no page is
+    there, the newest running request is preempted and will recompute), then
+    waiting requests are admitted first come first served, under the seat cap
+    ``max_batch`` and the watermark (:class:`~.trace_engine.WatermarkCache`), but
+    not in a step that preempted. The token budget is the arena, so it never
+    binds: a whole prompt is one step. The scheduled tokens are then written
+    (``append_tokens``), the slots counted, and each request either finishes
+    or learns its next token from the trace.
+
+    A request knows one token more than its prompt when it arrives: its first
+    output token, written in its first step together with the prompt (see the
+    module docstring); from then on it learns a token per step.
+    """
     num_pages = num_slots // page_size
-    cache = accounting_cache(num_pages, page_size)
-    pool = cache.pool
-    keep = int(np.ceil(watermark * num_pages))
-    done = {r.req_id: 0 for r in requests}  # output tokens written so far
+    config = EngineConfig(num_pages=num_pages, page_size=page_size, max_num_seqs=max_batch,
+                          max_num_batched_tokens=num_pages * page_size)
+    cache = WatermarkCache(config.cache_config(TINY_MODEL), int(np.ceil(watermark * num_pages)))
+    sched = Scheduler(cache, config)
     by_id = {r.req_id: r for r in requests}
-    waiting, running = deque(by_id), []  # request ids; running in admission order
-    acc, steps, preemptions = np.zeros(5), 0, 0
-    while waiting or running:
-        # Decode: each running request writes its newest token; on OutOfPages the
-        # last-admitted request is preempted (freed; it will recompute), then retry.
-        preempted, i = False, 0
-        while i < len(running):
-            rid = running[i]
-            try:
-                cache.allocate_slots(rid, 1)
-            except OutOfPages:
-                victim = running.pop()
-                cache.free(victim)
-                waiting.appendleft(victim)
-                preempted, preemptions = True, preemptions + 1
-                continue
-            cache.append_tokens(rid, [int(by_id[rid].output[done[rid]])])
-            done[rid] += 1
-            i += 1
-        # Admit (not in a step that preempted, like vLLM): prompt + generated so far.
-        while not preempted and waiting and len(running) < max_batch:
-            rid = waiting[0]
-            r = by_id[rid]
-            tokens = np.concatenate([r.prompt, r.output[:done[rid]]])  # [ctx]
-            if pool.num_available - _ceil_div(len(tokens) + 1, page_size) < keep:
-                if not running:
-                    raise InvalidArgument(f"request {rid} does not fit in {num_pages} pages")
-                break
-            waiting.popleft()
-            hit = cache.add_sequence(rid, tokens)
-            cache.allocate_slots(rid, len(tokens) - hit + 1)
-            cache.append_tokens(rid, np.append(tokens[hit:], r.output[done[rid]]))
-            done[rid] += 1
-            running.append(rid)
-        if waiting:
-            ctx = [by_id[rid].input_len + done[rid] for rid in running]
+    for r in requests:
+        req = trace_request(r.req_id, r.prompt.tolist(), r.output_len)
+        req.sample.token_ids.append(int(r.output[0]))          # written with the prompt
+        sched.add(req)
+    acc, steps = np.zeros(5), 0
+    while sched.waiting or sched.running:
+        out = sched.schedule()
+        if out.failed:
+            req, reason = out.failed[0]
+            raise InvalidArgument(f"request {req.seq_id} does not fit in {num_pages} pages: "
+                                  f"{reason}")
+        for req, n, _ in out.scheduled:                         # the step's tokens, written
+            c = req.num_computed_tokens
+            cache.append_tokens(req.seq_id, req.tokens(c, c + n))
+        if sched.waiting:
+            ctx = [req.num_computed_tokens for req in sched.running]
+            final = [by_id[req.seq_id].total_len for req in sched.running]
             tok = sum(ctx)
             # Slack of the last page that the request will still fill: reservation.
-            res = sum(min(by_id[rid].total_len, _ceil_div(c, page_size) * page_size) - c
-                      for rid, c in zip(running, ctx))
-            held = pool.num_in_use * page_size
-            acc += (tok, res, held - tok - res, pool.num_available * page_size, len(running))
+            res = sum(min(f, _ceil_div(c, page_size) * page_size) - c
+                      for c, f in zip(ctx, final))
+            free = cache.num_available_pages * page_size        # FREE or evictable CACHED
+            held = num_pages * page_size - free
+            acc += (tok, res, held - tok - res, free, len(sched.running))
             steps += 1
-        for rid in [x for x in running if done[x] == by_id[x].output_len]:
-            cache.free(rid)
-            running.remove(rid)
-    return _summary(acc, steps, num_pages * page_size, preemptions=preemptions)
+        for req, _, _ in out.scheduled:
+            r, known = by_id[req.seq_id], req.sample.token_ids
+            if req.num_computed_tokens == r.total_len:
+                sched.remove(req)                               # its full pages stay cached
+            else:
+                known.append(int(r.output[len(known)]))         # the trace's next token
+    return _summary(acc, steps, num_pages * page_size, preemptions=sched.num_preemptions)
 
 
 # ------------------------------------------------------------------ 2. sharing savings
@@ -382,7 +388,7 @@ def run(seed: int = 0, quick: bool = False, progress: bool = True,
             jobs.append((("beam_search", d, str(n)), lambda t=t, n=n, d=d, i=i: savings(
                 beam_search_pages(t, n, ps, rng(20 + 10 * i + n), wl.BEAM_AMBIGUITY[d]))))
     for name, t in prefix.items():
-        for pol in POLICIES:
+        for pol in EVICTION_POLICIES:
             for c in cache_sizes(t, ps, size["points"]):
                 jobs.append((("policies", name, pol, c),
                              lambda t=t, pol=pol, c=c: hit_rate(t, pol, c, ps)))
@@ -397,7 +403,7 @@ def run(seed: int = 0, quick: bool = False, progress: bool = True,
     widths = {kind: {d: {k[2]: v for k, v in raw.items() if k[:2] == (kind, d)} for d in sharing}
               for kind in ("parallel_sampling", "beam_search")}
     curves = {name: {pol: [{"cache_pages": k[3], "hit_rate": v} for k, v in raw.items()
-                           if k[:3] == ("policies", name, pol)] for pol in POLICIES}
+                           if k[:3] == ("policies", name, pol)] for pol in EVICTION_POLICIES}
               for name in prefix}
     return {
         "seed": seed,
