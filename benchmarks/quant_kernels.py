@@ -20,7 +20,7 @@ block's codes converted into the tile before its passes and no prefetch
 (:func:`tile_first`, as before the first pass converted them); and the matrices
 whose row count allows it (fused gate/up, the LM head) repacked with 128 lanes,
 as the package did before all had 64 (the kernels take the lane count from the
-array's shape). ``--out`` names the table (default
+matrix's record, ``GroupedBlocks.lanes``). ``--out`` names the table (default
 ``benchmarks/quant_kernels.md``).
 """
 
@@ -44,54 +44,52 @@ import paged_np as pnp  # noqa: E402
 from paged_np.config import JIT_OPTIONS  # noqa: E402
 from paged_np.hardware import cpu_model, isa_info  # noqa: E402
 from paged_np.models.blas import pinned_threads  # noqa: E402
-from paged_np.quant import FEW_ROWS, QuantMatrix  # noqa: E402
+from paged_np.quant import FEW_ROWS, Q4, QuantMatrix  # noqa: E402
 from paged_np.quant import kernels as K  # noqa: E402
 from paged_np.quant import passes as P  # noqa: E402
+from paged_np.quant.layouts import GroupedBlocks, codes_kind  # noqa: E402
 from paged_np.quant.simd import fma, load_f32, splat, store_f32  # noqa: E402
 
 
 # ------------------------------------ the ablation: codes converted per row
 @njit(parallel=True, **JIT_OPTIONS)
-def per_row_rows(qs, d, m, xp, xs, y):
+def per_row_rows(w, x, y):
     """The ``rows`` kernel before its rows shared the codes' conversion: the same
     operations per row (``K._block_dot``), each input row converting the block's codes
     again; any T."""
-    G, nb, J, R = qs.shape
-    T, N = xp.shape[0], y.shape[1]
-    q4 = m is not None
-    qf, df = qs.reshape(qs.size), d.reshape(d.size)
-    mf = m.reshape(m.size) if q4 else df
+    R = w.lanes
+    T, N = x.values.shape[0], y.shape[1]
     yf = y.reshape(y.size)
-    for g in prange(G):
-        acc = np.zeros(T * R, np.float32)
-        for b in range(nb):
-            qb, so = (g * nb + b) * J * R, (g * nb + b) * R
+    for g in prange(w.groups):
+        acc = np.zeros(T * R, np.float32)                        # [T, R]
+        for b in range(w.blocks):
+            blk = K.block_at(w, g, b)
             for t in range(T):
                 for c in range(0, R, 64):
-                    s0, s1, s2, s3 = K._block_dot(qf, qb, R, c, xp, t, b * 32, q4)
-                    o = t * R + c
-                    K._scale_into(acc, o, s0, df, mf, so + c, xs, t, b, q4)
-                    K._scale_into(acc, o + 16, s1, df, mf, so + c + 16, xs, t, b, q4)
-                    K._scale_into(acc, o + 32, s2, df, mf, so + c + 32, xs, t, b, q4)
-                    K._scale_into(acc, o + 48, s3, df, mf, so + c + 48, xs, t, b, q4)
+                    s0, s1, s2, s3 = K._block_dot(w, blk, c, x, t)
+                    P.scale_into(acc, t, c, s0, w, blk, x)
+                    P.scale_into(acc, t, c + 16, s1, w, blk, x)
+                    P.scale_into(acc, t, c + 32, s2, w, blk, x)
+                    P.scale_into(acc, t, c + 48, s3, w, blk, x)
         for t in range(T):
             yf[t * N + g * R:t * N + (g + 1) * R] = acc[t * R:(t + 1) * R]
 
 
 # ------------------------------------------- the ablation: a dequantized tile
 @njit(**JIT_OPTIONS)
-def _dequantize_q4_block(qs, d, m, g, b, w):
-    """Block ``b`` of row group ``g`` -> ``w`` float32 [32, LANES]: ``d * q + m``.
+def _dequantize_q4_block(w, blk, tile):
+    """A Q4 block of one row group -> ``tile`` float32 [32, LANES]: ``d * q + m``.
 
     The high nibble without a shift: ``byte - lo = 16 hi`` exactly, and
     ``(d / 16) (16 hi) = d hi`` exactly (a power of two), so each weight gets the same
     bits as ``d * hi + m``; Numba's ``uint8 >> 4`` became 64-bit shifts and a repack
     (measured 1.1-1.4x slower for the whole dequantization, on AVX2).
     """
-    db, mb = d[g, b], m[g, b]
+    R = w.lanes
+    db, mb = w.scales[blk.scales:blk.scales + R], w.mins[blk.scales:blk.scales + R]
     for j in range(16):
-        row, lo, hi = qs[g, b, j], w[j], w[j + 16]
-        for r in range(row.shape[0]):
+        row, lo, hi = w.codes[blk.codes + j * R:blk.codes + (j + 1) * R], tile[j], tile[j + 16]
+        for r in range(R):
             q = np.int32(row[r])
             low = np.float32(q & np.int32(15))
             lo[r] = db[r] * low + mb[r]
@@ -99,15 +97,14 @@ def _dequantize_q4_block(qs, d, m, g, b, w):
 
 
 @njit(**JIT_OPTIONS)
-def _dequantize_q8_block(qs, d, g, b, w):
-    """Block ``b`` of row group ``g`` -> ``w`` float32 [32, LANES]: ``d * q``."""
-    db = d[g, b]
+def _dequantize_q8_block(w, blk, tile):
+    """A Q8 block of one row group -> ``tile`` float32 [32, LANES]: ``d * q``."""
+    R = w.lanes
+    db = w.scales[blk.scales:blk.scales + R]
     for j in range(32):
-        row, wj = qs[g, b, j], w[j]
-        for r in range(row.shape[0]):
+        row, wj = w.codes[blk.codes + j * R:blk.codes + (j + 1) * R].view(np.int8), tile[j]
+        for r in range(R):
             wj[r] = db[r] * np.float32(row[r])
-
-
 
 
 @njit(inline="always", **JIT_OPTIONS)
@@ -165,28 +162,29 @@ def _dq_pass5(wf, R, x, base, acc, i, t, c):
 
 
 @njit(parallel=True, **JIT_OPTIONS)
-def dequantized_tile_batch(qs, d, m, x, y):
+def dequantized_tile_batch(w, x, y):
     """The package's ``batch`` before its rows were made batch-invariant: each block
     dequantized (``d q + m``, rounded once) into the tile, the sums carried across blocks
     (no scale per block), so its rounding differs from ``rows``'. From 4 rows."""
-    G, nb, _, R = qs.shape
+    R = w.lanes
     T = x.shape[0]
     if T < 4:
         raise ValueError("x: needs at least 4 input rows")
     chunks = -(-T // K.BATCH)
-    for g in prange(G):
-        w = np.empty((32, R), np.float32)
-        wf = w.reshape(32 * R)
+    for g in prange(w.groups):
+        tile = np.empty((32, R), np.float32)
+        wf = tile.reshape(32 * R)
         acc = np.empty((K.BATCH, R), np.float32)
         accf = acc.reshape(K.BATCH * R)
         for k in range(chunks):
             t0, t1 = k * T // chunks, (k + 1) * T // chunks
             acc[:] = 0.0
-            for b in range(nb):
-                if m is None:
-                    _dequantize_q8_block(qs, d, g, b, w)
+            for b in range(w.blocks):
+                blk = K.block_at(w, g, b)
+                if codes_kind(w) == Q4:
+                    _dequantize_q4_block(w, blk, tile)
                 else:
-                    _dequantize_q4_block(qs, d, m, g, b, w)
+                    _dequantize_q8_block(w, blk, tile)
                 t = t0
                 while t < t1:
                     n = P.pass_rows(t1 - t)
@@ -202,48 +200,44 @@ def dequantized_tile_batch(qs, d, m, x, y):
                 y[t, g * R:(g + 1) * R] = acc[t - t0]
 
 
-
 # ---------------------------- the ablation: the codes tile converted before the passes
 @njit(parallel=True, **JIT_OPTIONS)
-def tile_first_batch(qs, d, m, xp, xs, y, parts):
+def tile_first_batch(w, x, y, parts):
     """``batch`` as it was before its first pass over a block converted the codes: the
     whole block converted into the tile first (``P.tile_row`` row after row), then every
     pass reading it there; no prefetch. The same operations on the same bits."""
-    G, nb, J, R = qs.shape
-    T, N = xp.shape[0], y.shape[1]
-    q4 = m is not None
-    qf, df = qs.reshape(qs.size), d.reshape(d.size)
-    mf = m.reshape(m.size) if q4 else df
+    G, J, R = w.groups, w.code_rows, w.lanes
+    T, N = x.values.shape[0], y.shape[1]
     yf = y.reshape(y.size)
     chunks = -(-T // K.BATCH)
     strips = R // 16
     parts = max(1, min(parts, G * strips))
     for part in prange(parts):
-        wf = np.empty(32 * R, np.float32)
-        acc = np.empty(K.BATCH * R, np.float32)
+        tile, acc = np.empty(32 * R, np.float32), np.empty(K.BATCH * R, np.float32)
+        work = K.Scratch(tile, acc)
         s_lo, s_hi = part * G * strips // parts, (part + 1) * G * strips // parts
         for g in range(s_lo // strips, (s_hi - 1) // strips + 1):
             c_lo = (max(s_lo, g * strips) - g * strips) * 16
             c_hi = (min(s_hi, (g + 1) * strips) - g * strips) * 16
             for k in range(chunks):
                 t0, t1 = k * T // chunks, (k + 1) * T // chunks
+                chunk = K.Inputs(x.values[t0:t1], x.sums[t0:t1])
                 acc[:] = 0.0
-                for b in range(nb):
-                    qb, so = (g * nb + b) * J * R, (g * nb + b) * R
+                for b in range(w.blocks):
+                    blk = K.block_at(w, g, b)
                     for j in range(J):
                         for c in range(c_lo, c_hi, 16):
-                            p = qb + j * R + c
-                            if q4:
-                                P.tile_row(qf, p, wf, 2 * j * R + c, True, P.LOW)
-                                P.tile_row(qf, p, wf, (2 * j + 1) * R + c, True, P.BYTE)
+                            p = blk.codes + j * R + c
+                            if codes_kind(w) == Q4:
+                                P.tile_row(w.codes, p, tile, 2 * j * R + c, True, P.LOW)
+                                P.tile_row(w.codes, p, tile, (2 * j + 1) * R + c, True, P.BYTE)
                             else:
-                                P.tile_row(qf, p, wf, j * R + c, True, P.SIGNED)
-                    t = t0
-                    while t < t1:
-                        n = P.pass_rows(t1 - t)
+                                P.tile_row(w.codes, p, tile, j * R + c, True, P.SIGNED)
+                    t = 0
+                    while t < t1 - t0:
+                        n = P.pass_rows(t1 - t0 - t)
                         for c in range(c_lo, c_hi, 16):
-                            P._pass_of(qf, qb, wf, R, xp, b * 32, acc, t - t0, t, c, df, mf,
-                                       so + c, xs, b, q4, n, False)
+                            P._pass_of(w, blk, chunk, work, t, c, n, False)
                         t += n
                 for t in range(t0, t1):
                     o, a = t * N + g * R, (t - t0) * R
@@ -252,9 +246,9 @@ def tile_first_batch(qs, d, m, xp, xs, y, parts):
 
 def codes_per_row(x, qm):
     """``x @ qm`` through :func:`per_row_rows` whatever T is."""
-    y = np.empty((x.shape[0], qm.qs.shape[0] * qm.qs.shape[3]), np.float32)
-    xp, xs = K.inputs(x, qm.m is not None)
-    per_row_rows(qm.qs, qm.d, qm.m, xp, xs, y)
+    w = qm.packed
+    y = np.empty((x.shape[0], w.padded_rows), np.float32)
+    per_row_rows(w, K.inputs(x, w.kind), y)
     return y
 
 
@@ -262,8 +256,8 @@ def dequantized_tile(x, qm):
     """``x @ qm`` with :func:`dequantized_tile_batch` from 4 rows (``rows`` below)."""
     if x.shape[0] <= FEW_ROWS:
         return x @ qm
-    y = np.empty((x.shape[0], qm.qs.shape[0] * qm.qs.shape[3]), np.float32)
-    dequantized_tile_batch(qm.qs, qm.d, qm.m, x, y)
+    y = np.empty((x.shape[0], qm.packed.padded_rows), np.float32)
+    dequantized_tile_batch(qm.packed, x, y)
     return y[:, :qm.shape[1]]
 
 
@@ -273,9 +267,9 @@ def whole_groups(x, qm):
     group, and Numba deals the parts out to its threads."""
     if x.shape[0] <= FEW_ROWS:
         return x @ qm
-    y = np.empty((x.shape[0], qm.qs.shape[0] * qm.qs.shape[3]), np.float32)
-    xp, xs = K.inputs(x, qm.m is not None)
-    K.batch(qm.qs, qm.d, qm.m, xp, xs, y, qm.qs.shape[0])
+    w = qm.packed
+    y = np.empty((x.shape[0], w.padded_rows), np.float32)
+    K.batch(w, K.inputs(x, w.kind), y, w.groups)
     return y[:, :qm.shape[1]]
 
 
@@ -283,28 +277,19 @@ def tile_first(x, qm):
     """``x @ qm`` with :func:`tile_first_batch` from 4 rows (``rows`` below)."""
     if x.shape[0] <= FEW_ROWS:
         return x @ qm
-    y = np.empty((x.shape[0], qm.qs.shape[0] * qm.qs.shape[3]), np.float32)
-    xp, xs = K.inputs(x, qm.m is not None)
-    tile_first_batch(qm.qs, qm.d, qm.m, xp, xs, y, numba.get_num_threads())
+    w = qm.packed
+    y = np.empty((x.shape[0], w.padded_rows), np.float32)
+    tile_first_batch(w, K.inputs(x, w.kind), y, numba.get_num_threads())
     return y[:, :qm.shape[1]]
 
 
 def with_lanes(qm: QuantMatrix, lanes: int) -> QuantMatrix:
     """The same weights regrouped ``lanes`` output rows per group (64 -> 128 where the
     row count allows: the package's layout before every matrix had groups of 64)."""
-    G, nb, j, R = qm.qs.shape
-    if (G * R) % lanes or qm.shape[1] % lanes:
+    if qm.shape[1] % lanes:
         return qm
-
-    def regroup(a):                                        # [G, nb, x, R] -> [G', nb, x, lanes]
-        rows = a.transpose(0, 3, 1, 2).reshape(G * R, nb, -1)          # [rows, nb, x]
-        return np.ascontiguousarray(rows.reshape(-1, lanes, nb, rows.shape[2])
-                                    .transpose(0, 2, 3, 1))
-
-    def regroup2(a):                                       # [G, nb, R] -> [G', nb, lanes]
-        return None if a is None else regroup(a[:, :, None])[:, :, 0]
-
-    return QuantMatrix(qm.fmt, qm.shape, qs=regroup(qm.qs), d=regroup2(qm.d), m=regroup2(qm.m))
+    return QuantMatrix(qm.fmt, qm.shape, GroupedBlocks.pack(qm.packed.kind, *qm.blocks(),
+                                                            lanes=lanes))
 
 
 def main(argv=None) -> int:

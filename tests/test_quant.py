@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 import paged_np as pnp
 from paged_np.quant import (
     FEW_ROWS,
+    Q4,
+    Q8,
     QUANT_FORMATS,
     QuantMatrix,
     dequantize_blocks,
@@ -27,7 +29,9 @@ from paged_np.quant import (
     parse_blocks,
     quantize_q8_0,
 )
+from paged_np.quant import kernels as K
 from paged_np.quant import passes as PASSES
+from paged_np.quant.formats import kind_of
 
 FORMATS = sorted(QUANT_FORMATS)
 
@@ -125,33 +129,29 @@ def test_every_row_gets_the_bits_of_a_one_row_product(fmt, rows):
     assert np.abs(alone - x.astype(np.float64) @ ref_w).max() / scale < 1e-5
     for T in [*range(2, 21), 33, 40]:
         np.testing.assert_array_equal(x[:T] @ qm, alone[:T], err_msg=f"T={T}")
-    from paged_np.quant import kernels as K
     for size in range(4, 17):                    # a chunk's passes never read past it
         left = size
         while left:
             n = PASSES.pass_rows(left)
             assert 3 <= n <= min(left, 5), (size, left, n)
             left -= n
-    xp, xs = K.inputs(x[:9], fmt != "Q8_0")               # any cut of the lanes into
+    w = qm.packed                                          # the kernels' record
+    inputs = K.inputs(x[:9], kind_of(fmt))                  # any cut of the lanes into
     for parts in (1, 2, 3, 7, 1000):                        # parts: the same bits
-        y = np.empty((9, qm.qs.shape[0] * qm.qs.shape[3]), np.float32)
-        K.batch(qm.qs, qm.d, qm.m, xp, xs, y, parts)
+        y = np.empty((9, w.padded_rows), np.float32)
+        K.batch(w, inputs, y, parts)
         np.testing.assert_array_equal(y[:, :rows], alone[:9], err_msg=f"parts={parts}")
-    xp, xs = K.inputs(x[:3], fmt != "Q8_0")
     with pytest.raises(pnp.ShapeError, match="at least 4"):        # its passes need 3+ rows
-        K.batch(qm.qs, qm.d, qm.m, xp, xs, np.empty((3, qm.qs.shape[0] * qm.qs.shape[3]),
-                                                     np.float32), 2)
-    xp, xs = K.inputs(x[:4], fmt != "Q8_0")
+        K.batch(w, K.inputs(x[:3], w.kind), np.empty((3, w.padded_rows), np.float32), 2)
     with pytest.raises(pnp.ShapeError, match="1 to 3"):            # it would drop the 4th
-        K.rows(qm.qs, qm.d, qm.m, xp, xs, np.empty((4, qm.qs.shape[0] * qm.qs.shape[3]),
-                                                   np.float32))
+        K.rows(w, K.inputs(x[:4], w.kind), np.empty((4, w.padded_rows), np.float32))
 
 
 @numba.njit
-def _codes_tile(qf, qb, R, q4, wf):
+def _codes_tile(qf, qb, R, kind, wf):
     """A block's codes tile as the first pass of ``batch`` builds it, row by row."""
     for c in range(0, R, 16):
-        if q4:
+        if kind == Q4:
             for j in range(16):
                 PASSES.tile_row(qf, qb + j * R + c, wf, 2 * j * R + c, True, PASSES.LOW)
                 PASSES.tile_row(qf, qb + j * R + c, wf, (2 * j + 1) * R + c, True, PASSES.BYTE)
@@ -166,23 +166,23 @@ def test_codes_tile_and_inputs_pair_each_code_with_its_input(fmt, rows):
     # The tile row j holds the codes that multiply xp[:, 32 b + j]: Q8's code j; for Q4
     # byte row j's low code (weight j) in row 2j, its whole byte in row 2j + 1, and xp
     # pairs them with x_j - x_{j+16}/16 and x_{j+16}/16 (lo x_j + hi x_{j+16} exactly).
-    from paged_np.quant import kernels as K
     rng = np.random.default_rng(rows)
     q, d, m = parse_blocks(file_bytes(random_matrix(rng, rows, 96), fmt), fmt, rows, 96)
     qm = QuantMatrix.from_blocks(fmt, q, d, m)
-    G, nb, J, R = qm.qs.shape
+    w = qm.packed
+    G, nb, J, R = w.groups, w.blocks, w.code_rows, w.lanes
     q = np.pad(q, ((0, G * R - rows), (0, 0), (0, 0))).astype(np.float32)   # [G*R, nb, 32]
     wf = np.empty(32 * R, np.float32)
     for g in range(G):
         for b in range(nb):
-            _codes_tile(qm.qs.reshape(-1), (g * nb + b) * J * R, R, fmt != "Q8_0", wf)
+            _codes_tile(w.codes, (g * nb + b) * J * R, R, w.kind, wf)
             codes = q[g * R:(g + 1) * R, b].T                              # [32, R]
             if fmt != "Q8_0":                                  # lo_j, lo_j + 16 hi_j = byte
                 codes = np.stack([codes[:16], codes[:16] + 16 * codes[16:]], 1).reshape(32, R)
             np.testing.assert_array_equal(wf.reshape(32, R), codes, err_msg=f"{g} {b}")
     x = rng.standard_normal((5, 96)).astype(np.float32)
-    xp, xs = K.inputs(x, fmt != "Q8_0")
-    if fmt == "Q8_0":
+    xp, xs = K.inputs(x, kind_of(fmt))
+    if kind_of(fmt) == Q8:
         assert xp is x and xs.shape == (5, 0)
         return
     np.testing.assert_allclose(xs, x.reshape(5, 3, 32).sum(axis=2), rtol=1e-6)
@@ -197,7 +197,7 @@ def test_groups_are_64_rows_wide_and_the_last_is_padded(rows):
     rng = np.random.default_rng(rows)
     raw = file_bytes(random_matrix(rng, rows, 64), "Q4_1")
     qm = QuantMatrix.from_blocks("Q4_1", *parse_blocks(raw, "Q4_1", rows, 64))
-    assert qm.qs.shape[3] == 64 and qm.qs.shape[0] == -(-rows // 64)
+    assert qm.packed.lanes == 64 and qm.packed.groups == -(-rows // 64)
     x = rng.standard_normal((5, 64)).astype(np.float32)
     ref = x.astype(np.float64) @ dequantize_raw(raw, "Q4_1", rows, 64).T.astype(np.float64)
     assert rel_err(x @ qm, ref) < 1e-5
@@ -276,3 +276,63 @@ def test_the_float_words_compute_alike_jitted_and_in_python():
     np.testing.assert_array_equal(py_out[16:32], np.maximum(a[:16], b[16:]))
     np.testing.assert_array_equal(py_out[32:], np.full(16, a[3]))
     assert jit_lane == py_lane == max(a[5], b[21])
+
+
+def test_formats_are_named_once():
+    # One table each: the model's quantization choices and the block formats are read
+    # from paged_np.quant.formats, and every block format has a kind the kernels know.
+    from paged_np.models import QUANTIZATIONS
+    from paged_np.quant.formats import BLOCK_FORMATS, KINDS, WEIGHT_QUANTIZATIONS
+
+    assert QUANTIZATIONS == tuple(WEIGHT_QUANTIZATIONS)
+    assert QUANT_FORMATS == {name: f.bytes for name, f in BLOCK_FORMATS.items()}
+    assert {f.kind for f in BLOCK_FORMATS.values()} == set(KINDS) == {Q4, Q8}
+
+
+_REFERENCE = r":(?:mod|func|data|class|meth|attr):`~?([\w.]+)`"
+
+
+def _resolves(name: str, module: str) -> bool:
+    """Whether a docstring's ``:role:`name``` names something that exists, read as
+    Sphinx does: ``.x`` from the package, a bare name from the module, else absolute."""
+    import importlib
+
+    if name.startswith("."):
+        name = "paged_np.quant" + name
+    candidates = [name] if name.startswith("paged_np") else [f"{module}.{name}", name]
+    mod = importlib.import_module(module)
+    if "." not in name and any(hasattr(c, name) for c in vars(mod).values()
+                               if isinstance(c, type) and c.__module__ == module):
+        return True                                              # a method, from its class
+    for full in candidates:
+        parts = full.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:cut]))
+            except ImportError:
+                continue
+            try:
+                for attr in parts[cut:]:
+                    obj = getattr(obj, attr)
+                return True
+            except AttributeError:
+                break
+    return False
+
+
+def test_the_quant_modules_name_only_what_exists():
+    # No dead references: every :mod:/:func:/:data:/:class: a docstring or comment of
+    # paged_np.quant points to resolves (a BATCH_KERNEL that was renamed away fails here).
+    import re
+    from pathlib import Path
+
+    import paged_np.quant
+
+    root = Path(paged_np.quant.__file__).parent
+    dead = []
+    for path in sorted(root.glob("*.py")):
+        module = "paged_np.quant" + ("" if path.stem == "__init__" else f".{path.stem}")
+        for name in re.findall(_REFERENCE, path.read_text()):
+            if not _resolves(name, module):
+                dead.append(f"{path.name}: {name}")
+    assert not dead, dead

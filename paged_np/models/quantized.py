@@ -21,9 +21,11 @@ import numpy as np
 
 from ..errors import InvalidArgument, ShapeError
 from ..quant import BLOCK, QuantMatrix
+from ..quant.formats import WEIGHT_QUANTIZATIONS
 
-#: Values of ``quantization`` that :func:`paged_np.load_model` and :class:`paged_np.LLM` take.
-QUANTIZATIONS = ("gguf", "gguf_a8", "q8_0", None)
+#: Values of ``quantization`` that :func:`paged_np.load_model` and :class:`paged_np.LLM` take
+#: (read from :data:`paged_np.quant.formats.WEIGHT_QUANTIZATIONS`, where each is described).
+QUANTIZATIONS = tuple(WEIGHT_QUANTIZATIONS)
 
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 

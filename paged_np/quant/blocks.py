@@ -12,6 +12,8 @@ format        bytes per block of 32                  q                         w
 ``Q4_1``      20: d (2), m (2), 16 bytes of nibbles  0..15                     ``d * q + m``
 ============  =====================================  ========================  ===============
 
+(The table of formats the code reads is :data:`.formats.BLOCK_FORMATS`.)
+
 A nibble byte ``j`` (0..15) of a Q4 block holds weight ``j`` in its low four
 bits and weight ``j + 16`` in its high four bits (not ``2j`` and ``2j+1``).
 
@@ -28,15 +30,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import DTypeError, ShapeError
+from .formats import FLOAT_FORMATS, FORMATS, QUANT_FORMATS
+
+__all__ = ["BLOCK", "FLOAT_FORMATS", "FORMATS", "QUANT_FORMATS", "dequantize_blocks",
+           "dequantize_raw", "parse_blocks", "quantize_q8_0"]
 
 #: Weights per block (every GGUF format here).
 BLOCK = 32
-
-#: Formats kept quantized in memory; bytes per block in the file.
-QUANT_FORMATS = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
-#: Formats kept as float32 arrays (F16 is widened once, on load).
-FLOAT_FORMATS = ("F32", "F16")
-FORMATS = tuple(QUANT_FORMATS) + FLOAT_FORMATS
 
 
 def parse_blocks(raw: np.ndarray, fmt: str, rows: int, cols: int):

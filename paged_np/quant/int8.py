@@ -21,15 +21,12 @@ block's largest value, measured as perplexity and KL against float32 by
 ``python -m paged_np eval --weights none,gguf,gguf_a8``
 (``benchmarks/perplexity_weights.md``).
 
-Layout (built once on load by :class:`.matrix.QuantMatrix`, ``int8_activations``):
-output rows in chunks of 16 (one vector's lanes), and in each chunk's block
-the codes for 4 consecutive inputs of a row side by side, as the
-instruction reads them::
+The layout is :class:`.layouts.Dot4Blocks` (drawn there): output rows in
+chunks of 16 (one vector's lanes), and in each chunk's block the codes of 4
+consecutive inputs of a row side by side, as the instruction reads them::
 
-    qv uint8 [C, nb, Q, 16, 4]   Q4 (Q = 4): byte (c, r, i) holds row r's codes of
-                                 inputs 4c + i (low nibble) and 16 + 4c + i (high)
-                                 Q8 (Q = 8): byte (c, r, i) = row r's code of 4c + i, + 128
-    d, m float32 [C, nb, 16]     scale and minimum (Q8: m empty, -128 d computed)
+    codes uint8 [C, nb, Q, 16, 4]   Q = 4 (Q4: nibble pairs) or 8 (Q8: q + 128)
+    scales, mins float32 [C, nb, 16]
 
 Every row's result is computed by the same instructions in the same order,
 whether it came alone or with 15 others, four at a time or one: a row's
@@ -44,6 +41,8 @@ import numpy as np
 from numba import njit, prange
 
 from ..config import BOUNDSCHECK, JIT_OPTIONS
+from .formats import Q4, Q8
+from .layouts import DOT4_ROWS
 from .simd import (
     broadcast4,
     dot4,
@@ -65,7 +64,7 @@ from .simd import (
 #: result does not depend on how many rows came with it.
 OPTIONS = dict(cache=not BOUNDSCHECK, nogil=True, boundscheck=BOUNDSCHECK)
 #: Output rows per chunk: the lanes of one vector.
-ROWS = 16
+ROWS = DOT4_ROWS
 
 
 @njit(**OPTIONS)
@@ -96,25 +95,26 @@ def quantize_rows(x):
 
 
 @njit(inline="always", **OPTIONS)
-def _block(qf, o, Q, xf, xo, acc):
-    """One row's integer sums over one block: ``acc[r] += sum_j u[r, j] xq[j]``."""
-    if Q == 4:
+def _block(w, o, xf, xo, acc):
+    """One row's integer sums over one block: ``acc[r] += sum_j u[r, j] xq[j]``, the
+    block's codes from ``w.codes[o]``, the row's int8 inputs from ``xf[xo]``."""
+    if w.kind == Q4:
         for c in range(4):
-            v = load_u8x64(qf, o + 64 * c)
+            v = load_u8x64(w.codes, o + 64 * c)
             acc = dot4_nibbles(acc, low_nibbles(v), broadcast4(xf, xo + 4 * c))
             acc = dot4_nibbles(acc, high_nibbles(v), broadcast4(xf, xo + 16 + 4 * c))
     else:
         for c in range(8):
-            acc = dot4(acc, load_u8x64(qf, o + 64 * c), broadcast4(xf, xo + 4 * c))
+            acc = dot4(acc, load_u8x64(w.codes, o + 64 * c), broadcast4(xf, xo + 4 * c))
     return acc
 
 
 @njit(inline="always", **OPTIONS)
-def _block4(qf, o, Q, xf, xo, K, a0, a1, a2, a3):
+def _block4(w, o, xf, xo, K, a0, a1, a2, a3):
     """:func:`_block` for four rows ``K`` apart: each code vector unpacked once, used 4x."""
-    if Q == 4:
+    if w.kind == Q4:
         for c in range(4):
-            v = load_u8x64(qf, o + 64 * c)
+            v = load_u8x64(w.codes, o + 64 * c)
             lo, hi = low_nibbles(v), high_nibbles(v)
             j, h = xo + 4 * c, xo + 16 + 4 * c
             a0 = dot4_nibbles(dot4_nibbles(a0, lo, broadcast4(xf, j)), hi, broadcast4(xf, h))
@@ -126,7 +126,7 @@ def _block4(qf, o, Q, xf, xo, K, a0, a1, a2, a3):
                               broadcast4(xf, h + 3 * K))
     else:
         for c in range(8):
-            v = load_u8x64(qf, o + 64 * c)
+            v = load_u8x64(w.codes, o + 64 * c)
             j = xo + 4 * c
             a0 = dot4(a0, v, broadcast4(xf, j))
             a1 = dot4(a1, v, broadcast4(xf, j + K))
@@ -142,21 +142,28 @@ def _scale(acc, dv, mv, xd, xs, f):
     return fma(dv, mul(to_f32(acc), splat(xd)), fma(mv, splat(xs), f))
 
 
+@njit(inline="always", **OPTIONS)
+def _scales(w, cb, minus128):
+    """Block ``cb`` (chunk c's block b: ``c nb + b``) of ``w``: its 16 rows' scales ``d``
+    and minimums ``m`` as vectors (Q8: ``m = -128 d``, the shift of its codes)."""
+    dv = load_f32(w.scales, cb * ROWS)
+    mv = mul(dv, minus128) if w.kind == Q8 else load_f32(w.mins, cb * ROWS)
+    return dv, mv
+
+
 @njit(parallel=True, **OPTIONS)
-def matmul(qv, d, m, x, y):
-    """``y`` [T, C*16] = ``x`` float32 [T, K] times the weights ``(qv, d, m)`` (layout
-    above), the input quantized to int8 first. Parallel over 16-row chunks; in each,
-    input rows four at a time (a code vector unpacked once for four rows), the rest one
-    by one."""
-    C, nb, Q = qv.shape[0], qv.shape[1], qv.shape[2]
+def matmul(w, x, y):
+    """``y`` [T, C*16] = ``x`` float32 [T, K] times ``w`` (:class:`.layouts.Dot4Blocks`),
+    the input quantized to int8 first. Parallel over 16-row chunks; in each, input rows
+    four at a time (a code vector unpacked once for four rows), the rest one by one."""
+    nb = w.blocks
     T, K = x.shape
-    xq, xd, xs = quantize_rows(x)
-    qf, df, mf = qv.reshape(-1), d.reshape(-1), m.reshape(-1)
+    xq, xd, xs = quantize_rows(x)                                # [T, K], [T, nb], [T, nb]
     xf, yf = xq.reshape(-1), y.reshape(-1)
-    N = C * ROWS                                                 # y's row length
-    step = Q * 64                                                # code bytes per chunk block
+    N = w.chunks * ROWS                                          # y's row length
+    step = w.quads * 64                                          # code bytes per chunk block
     minus128 = splat(np.float32(-128.0))
-    for c in prange(C):
+    for c in prange(w.chunks):
         t = 0
         while t < T:
             if t + 4 <= T:
@@ -164,9 +171,8 @@ def matmul(qv, d, m, x, y):
                 for b in range(nb):
                     cb = c * nb + b
                     z = zeros_i32()
-                    a0, a1, a2, a3 = _block4(qf, cb * step, Q, xf, t * K + 32 * b, K, z, z, z, z)
-                    dv = load_f32(df, cb * ROWS)
-                    mv = mul(dv, minus128) if Q == 8 else load_f32(mf, cb * ROWS)
+                    a0, a1, a2, a3 = _block4(w, cb * step, xf, t * K + 32 * b, K, z, z, z, z)
+                    dv, mv = _scales(w, cb, minus128)
                     f0 = _scale(a0, dv, mv, xd[t, b], xs[t, b], f0)
                     f1 = _scale(a1, dv, mv, xd[t + 1, b], xs[t + 1, b], f1)
                     f2 = _scale(a2, dv, mv, xd[t + 2, b], xs[t + 2, b], f2)
@@ -180,28 +186,28 @@ def matmul(qv, d, m, x, y):
                 f = zeros_f32()
                 for b in range(nb):
                     cb = c * nb + b
-                    a = _block(qf, cb * step, Q, xf, t * K + 32 * b, zeros_i32())
-                    dv = load_f32(df, cb * ROWS)
-                    mv = mul(dv, minus128) if Q == 8 else load_f32(mf, cb * ROWS)
+                    a = _block(w, cb * step, xf, t * K + 32 * b, zeros_i32())
+                    dv, mv = _scales(w, cb, minus128)
                     f = _scale(a, dv, mv, xd[t, b], xs[t, b], f)
                 store_f32(yf, t * N + c * ROWS, f)
                 t += 1
 
 
-@njit(**JIT_OPTIONS)                  # as kernels' *_embed, contracted alike: the same bits
-def embed(qv, d, m, ids, out):
-    """Rows ``ids`` (checked: 0 <= id < rows) of the weights -> ``out`` float32 [T, K]:
+@njit(**JIT_OPTIONS)                  # as kernels.embed, contracted alike: the same bits
+def embed(w, ids, out):
+    """Rows ``ids`` (checked: 0 <= id < rows) of ``w`` -> ``out`` float32 [T, K]:
     ``d u + m`` (Q4) or ``d (u - 128)`` (Q8), the float kernels' values exactly."""
-    nb, Q = qv.shape[1], qv.shape[2]
+    nb, Q = w.blocks, w.quads
     for t in range(ids.shape[0]):
         c, r = ids[t] // ROWS, ids[t] % ROWS
         for b in range(nb):
-            db = d[c, b, r]
-            mb = m[c, b, r] if Q == 4 else np.float32(0.0)       # Q8 keeps no minimum
+            cb = c * nb + b
+            db = w.scales[cb * ROWS + r]
+            mb = w.mins[cb * ROWS + r] if w.kind == Q4 else np.float32(0.0)  # Q8: none
             for k in range(Q):
                 for i in range(4):
-                    u = qv[c, b, k, r, i]
-                    if Q == 4:
+                    u = w.codes[((cb * Q + k) * ROWS + r) * 4 + i]  # [C, nb, Q, 16, 4]
+                    if w.kind == Q4:
                         out[t, 32 * b + 4 * k + i] = db * np.float32(u & np.uint8(15)) + mb
                         out[t, 32 * b + 16 + 4 * k + i] = db * np.float32(u >> np.uint8(4)) + mb
                     else:

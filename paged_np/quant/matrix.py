@@ -7,18 +7,29 @@ float32 ``[T, in]`` gives ``[T, out]`` (NumPy hands ``@`` to
 does not change; only the bytes each token reads do (Q4_1: 0.75 bytes a
 weight in memory here, 4 as float32).
 
-It holds the weights in the repacked layout of :mod:`.kernels` (rows in
-groups of 64 lanes, each block's values side by side across the group),
-built once from the file's blocks; the row count is padded to a multiple of
-64 with zero rows that the result never shows. The scales are widened from
-float16 to float32 at load (Q4_1: 24 bytes per 32 weights here, 20 in the
-file), so the kernels do no float16 conversion.
+It holds the weights repacked once from the file's blocks into one of the two
+layouts of :mod:`.layouts` (each drawn there), chosen by the inputs it will be
+multiplied by:
+
+=====================  ==============================================  ===============
+layout                 shape of the codes                              multiplied by
+=====================  ==============================================  ===============
+``GroupedBlocks``      ``[G, nb, J, 64]``: 64 rows side by side        :mod:`.kernels`
+``Dot4Blocks``         ``[C, nb, Q, 16, 4]``: 4 codes of a row         :mod:`.int8`
+                       side by side, 16 rows
+=====================  ==============================================  ===============
+
+The row count is padded to a whole group (chunk) with zero rows that the
+result never shows. The scales are widened from float16 to float32 at load
+(Q4_1: 24 bytes per 32 weights here, 20 in the file), so the kernels do no
+float16 conversion.
 
 Which kernel runs depends on the number of input rows ``T``:
 
 ========  ===================================================================
-1..3      ``rows``: decode (T = 1), a few decodes; each row converts the
-          codes itself as it multiplies (no tile to write)
+1..3      ``rows``: decode (T = 1), a few decodes; the codes converted in
+          registers as they are multiplied, each conversion feeding all the
+          rows (no tile to write)
 >= 4      ``batch``: a batch of decodes, a speculative verify step, prefill;
           each block's codes converted once (by its first pass, into a
           float32 tile in L1) and multiplied into 16 rows at a time, 3-5 rows
@@ -36,10 +47,9 @@ spin for a while after their call and take the other's core
 (``docs/design.md``, "No BLAS in the quantized model").
 
 With ``int8_activations`` (``quantization="gguf_a8"``,
-:meth:`QuantMatrix.with_int8_activations`) the same blocks are held in
-:mod:`.int8`'s layout (16-row chunks, four codes of a row side by side) and
-every ``T`` goes to ``int8.matmul``: the input is quantized to int8 and the
-products are integer dot products (:mod:`.simd`).
+:meth:`QuantMatrix.with_int8_activations`) the same blocks are held as
+``Dot4Blocks`` and every ``T`` goes to ``int8.matmul``: the input is quantized
+to int8 and the products are integer dot products (:mod:`.simd`).
 
 ``F32`` and ``F16`` tensors are held as a float32 ``[in, out]`` array and
 multiplied by BLAS (same interface).
@@ -54,7 +64,9 @@ from ..errors import DTypeError, IndexOutOfRange, ShapeError
 from ..forks import serial
 from . import int8 as I8
 from . import kernels as K
-from .blocks import BLOCK, FLOAT_FORMATS, QUANT_FORMATS, dequantize_blocks
+from .blocks import BLOCK, dequantize_blocks
+from .formats import FLOAT_FORMATS, QUANT_FORMATS, kind_of
+from .layouts import Dot4Blocks, GroupedBlocks
 
 #: Largest input row count that uses the ``rows`` kernel (from 4 rows: ``batch``).
 FEW_ROWS = 3
@@ -65,49 +77,37 @@ class QuantMatrix:
 
     Build with :meth:`from_blocks` (the file's ``(q, d, m)``, rows = outputs),
     :meth:`from_float` (quantize a float matrix on load) or :meth:`dense`
-    (F32/F16 kept as float32).
+    (F32/F16 kept as float32). ``packed`` is the kernels' record
+    (:class:`.layouts.GroupedBlocks` or :class:`.layouts.Dot4Blocks`; None when
+    dense).
     """
 
     __array_ufunc__ = None                                       # ndarray @ qm -> __rmatmul__
 
-    def __init__(self, fmt: str, shape: tuple, qs=None, d=None, m=None, dense=None,
-                 int8_activations: bool = False):
+    def __init__(self, fmt: str, shape: tuple, packed=None, dense=None):
         self.fmt, self.shape = fmt, (int(shape[0]), int(shape[1]))   # (in, out)
-        self.qs, self.d, self.m, self._dense = qs, d, m, dense
-        #: True: ``qs`` is :mod:`.int8`'s layout and ``x @ self`` quantizes ``x`` to int8.
-        self.int8_activations = bool(int8_activations)
+        self.packed, self._dense = packed, dense
+
+    @property
+    def int8_activations(self) -> bool:
+        """True: held as :class:`.layouts.Dot4Blocks`, ``x @ self`` quantizes ``x`` to int8."""
+        return isinstance(self.packed, Dot4Blocks)
 
     # ----------------------------------------------------------------- building
     @classmethod
     def from_blocks(cls, fmt: str, q: np.ndarray, d: np.ndarray, m: np.ndarray,
                     int8_activations: bool = False) -> QuantMatrix:
         """Repack ``q`` ``[out, nb, 32]``, ``d`` and ``m`` ``[out, nb]`` (from
-        :func:`~paged_np.quant.blocks.parse_blocks`) into the kernels' layout
-        (``int8_activations``: :mod:`.int8`'s layout, multiplied with int8 inputs)."""
+        :func:`~paged_np.quant.blocks.parse_blocks`) into the float kernels' layout
+        (``int8_activations``: the int8 kernel's, multiplied with int8 inputs)."""
         if fmt not in QUANT_FORMATS:
             raise DTypeError(f"fmt must be one of {tuple(QUANT_FORMATS)}, got {fmt!r}")
         if q.ndim != 3 or q.shape[2] != BLOCK or d.shape != q.shape[:2] or m.shape != d.shape:
             raise ShapeError(f"q must be [out, nb, {BLOCK}] and d, m [out, nb]; got "
                              f"{q.shape}, {d.shape}, {m.shape}")
-        if int8_activations:
-            return cls(fmt, (d.shape[1] * BLOCK, d.shape[0]), *_int8_layout(fmt, q, d, m),
-                       int8_activations=True)
-        rows, nb = d.shape
-        R = K.LANES
-        G = -(-rows // R)
-        pad = G * R - rows                                       # zero rows, never shown
-        qp = np.pad(q, ((0, pad), (0, 0), (0, 0)))               # [G*R, nb, 32]
-        qp = qp.reshape(G, R, nb, BLOCK).transpose(0, 2, 3, 1)   # [G, nb, 32, R]: lanes = rows
-
-        def lanes(a):                                            # [rows, nb] -> [G, nb, R]
-            a = np.pad(a.astype(np.float32), ((0, pad), (0, 0)))
-            return np.ascontiguousarray(a.reshape(G, R, nb).transpose(0, 2, 1))
-
-        if fmt == "Q8_0":
-            qs = np.ascontiguousarray(qp, dtype=np.int8)
-            return cls(fmt, (nb * BLOCK, rows), qs=qs, d=lanes(d))
-        qs = np.ascontiguousarray((qp[:, :, :16] | (qp[:, :, 16:] << 4)).astype(np.uint8))
-        return cls(fmt, (nb * BLOCK, rows), qs=qs, d=lanes(d), m=lanes(m))
+        layout = Dot4Blocks if int8_activations else GroupedBlocks
+        out, nb = d.shape
+        return cls(fmt, (nb * BLOCK, out), layout.pack(kind_of(fmt), q, d, m))
 
     @classmethod
     def from_float(cls, w_in_out: np.ndarray, fmt: str = "Q8_0") -> QuantMatrix:
@@ -135,20 +135,7 @@ class QuantMatrix:
         """Back to the file's order: ``(q [out, nb, 32], d, m [out, nb])`` (quantized formats)."""
         if self._dense is not None:
             raise DTypeError(f"blocks: a {self.fmt} matrix has no quantized blocks")
-        if self.int8_activations:
-            return _int8_blocks(self)
-        G, nb, _, R = self.qs.shape
-        rows = self.shape[1]
-        if self.fmt == "Q8_0":
-            q = self.qs
-            m = np.zeros_like(self.d)
-        else:
-            q = np.concatenate([self.qs & 0x0F, self.qs >> 4], axis=2)   # [G, nb, 32, R]
-            m = self.m
-        q = q.transpose(0, 3, 1, 2).reshape(G * R, nb, BLOCK)[:rows]
-        d = self.d.transpose(0, 2, 1).reshape(G * R, nb)[:rows]
-        m = m.transpose(0, 2, 1).reshape(G * R, nb)[:rows]
-        return q, d, m
+        return self.packed.unpack(self.shape[1])
 
     @staticmethod
     def concat(parts) -> QuantMatrix:
@@ -172,7 +159,10 @@ class QuantMatrix:
     @property
     def nbytes(self) -> int:
         """Bytes held in memory (quantized values, scales, padding)."""
-        return sum(a.nbytes for a in (self.qs, self.d, self.m, self._dense) if a is not None)
+        if self._dense is not None:
+            return self._dense.nbytes
+        p = self.packed
+        return p.codes.nbytes + p.scales.nbytes + p.mins.nbytes
 
     def dequantize(self) -> np.ndarray:
         """float32 ``[in, out]``: the reference every kernel is checked against."""
@@ -189,8 +179,8 @@ class QuantMatrix:
         return f"QuantMatrix({self.fmt}, in={self.shape[0]}, out={self.shape[1]}{a8})"
 
     def with_int8_activations(self) -> QuantMatrix:
-        """The same blocks in :mod:`.int8`'s layout (inputs quantized to int8 when
-        multiplied); float32 (F32/F16) matrices come back unchanged."""
+        """The same blocks held as :class:`.layouts.Dot4Blocks` (inputs quantized to int8
+        when multiplied); float32 (F32/F16) matrices come back unchanged."""
         if self._dense is not None or self.int8_activations:
             return self
         return QuantMatrix.from_blocks(self.fmt, *self.blocks(), int8_activations=True)
@@ -204,19 +194,16 @@ class QuantMatrix:
         x = _check_x(x, self.shape[0])
         if self._dense is not None:
             return x @ self._dense
-        T, out = x.shape[0], self.shape[1]
+        T, out, w = x.shape[0], self.shape[1], self.packed
         if T == 0:
             return np.zeros((0, out), np.float32)
-        if self.int8_activations:
-            y = np.empty((T, self.qs.shape[0] * I8.ROWS), np.float32)    # padded rows
-            serial(I8.matmul)(self.qs, self.d, self.m, x, y)  # serial: in a forked child
-            return y if y.shape[1] == out else np.ascontiguousarray(y[:, :out])
-        y = np.empty((T, self.qs.shape[0] * self.qs.shape[3]), np.float32)  # padded rows
-        xp, xs = K.inputs(x, self.m is not None)
-        if T > FEW_ROWS:                                         # m is None for Q8
-            serial(K.batch)(self.qs, self.d, self.m, xp, xs, y, numba.get_num_threads())
+        y = np.empty((T, w.padded_rows), np.float32)            # [T, out + padding]
+        if isinstance(w, Dot4Blocks):
+            serial(I8.matmul)(w, x, y)                           # serial: in a forked child
+        elif T > FEW_ROWS:
+            serial(K.batch)(w, K.inputs(x, w.kind), y, numba.get_num_threads())
         else:
-            serial(K.rows)(self.qs, self.d, self.m, xp, xs, y)
+            serial(K.rows)(w, K.inputs(x, w.kind), y)
         return y if y.shape[1] == out else np.ascontiguousarray(y[:, :out])
 
     def __getitem__(self, ids) -> np.ndarray:
@@ -228,45 +215,8 @@ class QuantMatrix:
         if self._dense is not None:
             return self._dense.T[ids]
         out = np.empty((ids.size, self.shape[0]), np.float32)
-        if self.int8_activations:
-            I8.embed(self.qs, self.d, self.m, ids, out)
-        elif self.fmt == "Q8_0":
-            K.q8_embed(self.qs, self.d, ids, out)
-        else:
-            K.q4_embed(self.qs, self.d, self.m, ids, out)
+        (I8.embed if self.int8_activations else K.embed)(self.packed, ids, out)
         return out
-
-
-def _int8_layout(fmt: str, q, d, m):
-    """``(q, d, m)`` blocks -> :mod:`.int8`'s ``(qv, d, m)``: rows padded to chunks of 16."""
-    rows, nb = d.shape
-    C = -(-rows // I8.ROWS)
-    pad = ((0, C * I8.ROWS - rows), (0, 0))
-    q = np.pad(q, pad + ((0, 0),)).reshape(C, I8.ROWS, nb, BLOCK)  # [C, 16, nb, 32]
-    if fmt == "Q8_0":
-        codes = (q.astype(np.int16) + 128).astype(np.uint8)       # u = q + 128
-        qv = codes.reshape(C, I8.ROWS, nb, 8, 4).transpose(0, 2, 3, 1, 4)
-        m16 = np.zeros((0, 0, 0), np.float32)                     # -128 d, computed
-    else:
-        packed = (q[..., :16] | (q[..., 16:] << 4)).astype(np.uint8)  # [C, 16, nb, 16]
-        qv = packed.reshape(C, I8.ROWS, nb, 4, 4).transpose(0, 2, 3, 1, 4)
-        m16 = np.ascontiguousarray(np.pad(m.astype(np.float32), pad)
-                                   .reshape(C, I8.ROWS, nb).transpose(0, 2, 1))
-    d16 = np.ascontiguousarray(np.pad(d.astype(np.float32), pad)
-                               .reshape(C, I8.ROWS, nb).transpose(0, 2, 1))
-    return np.ascontiguousarray(qv), d16, m16
-
-
-def _int8_blocks(qm: QuantMatrix):
-    """Inverse of :func:`_int8_layout`: ``(q [out, nb, 32], d, m [out, nb])``."""
-    C, nb, Q = qm.qs.shape[:3]
-    rows = qm.shape[1]
-    u = qm.qs.transpose(0, 3, 1, 2, 4).reshape(C * I8.ROWS, nb, Q * 4)[:rows]
-    d = qm.d.transpose(0, 2, 1).reshape(C * I8.ROWS, nb)[:rows]
-    if qm.fmt == "Q8_0":
-        return (u.astype(np.int16) - 128).astype(np.int8), d, np.zeros_like(d)
-    m = qm.m.transpose(0, 2, 1).reshape(C * I8.ROWS, nb)[:rows]
-    return np.concatenate([u & 0x0F, u >> 4], axis=2), d, m
 
 
 def _check_x(x, k: int) -> np.ndarray:
@@ -277,4 +227,3 @@ def _check_x(x, k: int) -> np.ndarray:
     if x.ndim != 2 or x.shape[1] != k:
         raise ShapeError(f"x must be [T, {k}], got shape {x.shape}")
     return np.ascontiguousarray(x)
-

@@ -9,14 +9,18 @@ Every pass does the same operations in the same order as the one-row kernel
 (:func:`.kernels._block_dot`), so a row of a batch gets the bits of a one-row
 product.
 
-Arrays (flat views, as ``batch`` hands them over; lanes ``R`` = 64)::
+Arguments are :mod:`.kernels`' records (``R`` = ``w.lanes`` = 64)::
 
-    qf   qs [G, nb, J, R]   codes: Q4 bytes (J = 16), Q8 int8 (J = 32); block (g, b)
-                            starts at qb = (g nb + b) J R
-    wf   float32 [32, R]    the block's codes tile, row j multiplies xp[:, 32 b + j]
-    xp   float32 [T, K]     the inputs as :func:`.kernels.inputs` prepares them
-    df, mf  float32 [G, nb, R]  block scales (and Q4's minimums); so = (g nb + b) R
-    accf float32 [BATCH, R] one group's sums for a chunk of input rows
+    w     GroupedBlocks     the matrix (:mod:`.layouts`): w.codes flat [G, nb, J, R]
+                            (J = 16 Q4 bytes or 32 Q8 codes), w.scales, w.mins [G, nb, R]
+    blk   Block             one block b of one group g: blk.codes = (g nb + b) J R is its
+                            first code in w.codes, blk.scales = (g nb + b) R its first scale
+    x     Inputs            one chunk's inputs: x.values float32 [T, K] (as
+                            :func:`.kernels.inputs` prepares them), x.sums [T, K/32]
+    work  Scratch           one thread's L1 arrays: work.tile float32 [32, R], the block's
+                            codes (row j multiplies x.values[:, 32 b + j]); work.acc
+                            float32 [BATCH, R], the chunk's sums (row t: input row t)
+    t, c                    an input row of the chunk, the first of 16 output lanes
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from __future__ import annotations
 from numba import njit
 
 from ..config import JIT_OPTIONS
+from .formats import Q4
+from .layouts import codes_kind
 from .simd import (
     CACHE_LINE,
     byte_codes_f32,
@@ -39,100 +45,102 @@ from .simd import (
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def scale_into(accf, o, s, df, mf, so, xs, t, b, q4):
-    """``acc[o:o+16] += d s`` (Q4: then ``+= m xs[t, b]``), each rounded once: a block's
-    sum ``s`` of code x input, scaled, into one row's 16 output lanes."""
-    a = fma(load_f32(df, so), s, load_f32(accf, o))
-    if q4:
-        a = fma(load_f32(mf, so), splat(xs[t, b]), a)
-    store_f32(accf, o, a)
+def scale_into(acc, t, c, s, w, blk, x):
+    """A block's sums ``s`` (code x input, 16 lanes) scaled into row ``t`` of ``acc``, lanes
+    ``c:c+16``: ``acc += d s``, then for Q4 ``acc += m x.sums[t, b]``, each rounded once."""
+    o, so = t * w.lanes + c, blk.scales + c
+    a = fma(load_f32(w.scales, so), s, load_f32(acc, o))
+    if codes_kind(w) == Q4:
+        a = fma(load_f32(w.mins, so), splat(x.sums[t, blk.index]), a)
+    store_f32(acc, o, a)
 
 
-#: What a tile row holds (``kind`` of :func:`tile_row`): Q4's low nibbles, Q4's whole
+#: What a tile row holds (``row`` of :func:`tile_row`): Q4's low nibbles, Q4's whole
 #: bytes, Q8's signed bytes.
 LOW, BYTE, SIGNED = 0, 1, 2
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def tile_row(qf, p, wf, i, convert, kind):
-    """One row of a block's codes tile, 16 lanes: the codes ``qf[p:p+16]`` as float32
-    (``kind``: :data:`LOW`, :data:`BYTE` or :data:`SIGNED`), stored
-    at ``wf[i:i+16]``, if ``convert``; else read back from there (converted by an
-    earlier pass over the same block). Tile row ``2j`` of a Q4 block holds byte row
-    ``j``'s low codes and row ``2j + 1`` its bytes; tile row ``j`` of a Q8 block its
-    code row ``j``: row ``j`` multiplies ``xp[:, 32 b + j]``."""
+def tile_row(codes, p, tile, i, convert, row):
+    """One row of a block's codes tile, 16 lanes: the bytes ``codes[p:p+16]`` as float32
+    (``row``: :data:`LOW`, :data:`BYTE` or :data:`SIGNED`), stored at ``tile[i:i+16]``,
+    if ``convert``; else read back from there (converted by an earlier pass over the same
+    block). Tile row ``2j`` of a Q4 block holds byte row ``j``'s low codes and row
+    ``2j + 1`` its bytes; tile row ``j`` of a Q8 block its code row ``j``: row ``j``
+    multiplies ``x.values[:, 32 b + j]``."""
     if convert:
-        if kind == LOW:
-            w = low_codes_f32(qf, p)
-        elif kind == BYTE:
-            w = byte_codes_f32(qf, p)
+        if row == LOW:
+            q = low_codes_f32(codes, p)
+        elif row == BYTE:
+            q = byte_codes_f32(codes, p)
         else:
-            w = int8_codes_f32(qf, p)
-        store_f32(wf, i, w)
-        return w
-    return load_f32(wf, i)
+            q = int8_codes_f32(codes, p)
+        store_f32(tile, i, q)
+        return q
+    return load_f32(tile, i)
 
 
-# A pass: rows ``t..t+n-1`` of ``xp`` (n = 3, 4 or 5) times lanes ``c..c+15`` of a block's
-# codes, each row's sum in registers (a :mod:`.simd` vector: two ``ymm`` on AVX2) through
-# the block's 32 codes, then scaled into ``acc`` from its row ``i``. Per code: one
-# conversion (the block's first pass, which also keeps it in the tile ``wf``) or one tile
-# load (the passes after it), one broadcast and one fma per row: the same fmas in the
-# same order as ``_block_dot``. ``n`` and ``convert`` are constants where
-# :func:`_pass_of` calls it, so each compiled loop body has a fixed set of sums and no
-# branch between its multiply-adds (the sums past ``n`` are never computed).
+# A pass: rows ``t..t+n-1`` of the chunk (n = 3, 4 or 5) times lanes ``c..c+15`` of a
+# block's codes, each row's sum in registers (a :mod:`.simd` vector: two ``ymm`` on AVX2)
+# through the block's 32 codes, then scaled into the same rows of ``work.acc``. Per code:
+# one conversion (the block's first pass, which also keeps it in the tile) or one tile
+# load (the passes after it), one broadcast and one fma per row: the same fmas in the same
+# order as ``_block_dot``. ``n`` and ``convert`` are constants where :func:`_pass_of`
+# calls it, so each compiled loop body has a fixed set of sums and no branch between its
+# multiply-adds (the sums past ``n`` are never computed).
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _pass(qf, qb, wf, R, xp, o, accf, i, t, c, df, mf, so, xs, b, q4, n, convert):
+def _pass(w, blk, x, work, t, c, n, convert):
+    R, xv, o = w.lanes, x.values, 32 * blk.index                 # o: the block's first input
     a0 = a1 = a2 = a3 = a4 = zeros_f32()
-    if q4:
+    if codes_kind(w) == Q4:
         for j in range(16):
-            p, k = qb + j * R + c, o + 2 * j
-            w = tile_row(qf, p, wf, 2 * j * R + c, convert, LOW)
-            a0 = fma(w, splat(xp[t, k]), a0)
-            a1 = fma(w, splat(xp[t + 1, k]), a1)
-            a2 = fma(w, splat(xp[t + 2, k]), a2)
+            p, k = blk.codes + j * R + c, o + 2 * j
+            q = tile_row(w.codes, p, work.tile, 2 * j * R + c, convert, LOW)
+            a0 = fma(q, splat(xv[t, k]), a0)
+            a1 = fma(q, splat(xv[t + 1, k]), a1)
+            a2 = fma(q, splat(xv[t + 2, k]), a2)
             if n > 3:
-                a3 = fma(w, splat(xp[t + 3, k]), a3)
+                a3 = fma(q, splat(xv[t + 3, k]), a3)
             if n > 4:
-                a4 = fma(w, splat(xp[t + 4, k]), a4)
-            w = tile_row(qf, p, wf, (2 * j + 1) * R + c, convert, BYTE)
-            a0 = fma(w, splat(xp[t, k + 1]), a0)
-            a1 = fma(w, splat(xp[t + 1, k + 1]), a1)
-            a2 = fma(w, splat(xp[t + 2, k + 1]), a2)
+                a4 = fma(q, splat(xv[t + 4, k]), a4)
+            q = tile_row(w.codes, p, work.tile, (2 * j + 1) * R + c, convert, BYTE)
+            a0 = fma(q, splat(xv[t, k + 1]), a0)
+            a1 = fma(q, splat(xv[t + 1, k + 1]), a1)
+            a2 = fma(q, splat(xv[t + 2, k + 1]), a2)
             if n > 3:
-                a3 = fma(w, splat(xp[t + 3, k + 1]), a3)
+                a3 = fma(q, splat(xv[t + 3, k + 1]), a3)
             if n > 4:
-                a4 = fma(w, splat(xp[t + 4, k + 1]), a4)
+                a4 = fma(q, splat(xv[t + 4, k + 1]), a4)
     else:
         for j in range(32):
-            w = tile_row(qf, qb + j * R + c, wf, j * R + c, convert, SIGNED)
-            a0 = fma(w, splat(xp[t, o + j]), a0)
-            a1 = fma(w, splat(xp[t + 1, o + j]), a1)
-            a2 = fma(w, splat(xp[t + 2, o + j]), a2)
+            q = tile_row(w.codes, blk.codes + j * R + c, work.tile, j * R + c, convert, SIGNED)
+            a0 = fma(q, splat(xv[t, o + j]), a0)
+            a1 = fma(q, splat(xv[t + 1, o + j]), a1)
+            a2 = fma(q, splat(xv[t + 2, o + j]), a2)
             if n > 3:
-                a3 = fma(w, splat(xp[t + 3, o + j]), a3)
+                a3 = fma(q, splat(xv[t + 3, o + j]), a3)
             if n > 4:
-                a4 = fma(w, splat(xp[t + 4, o + j]), a4)
-    scale_into(accf, i * R + c, a0, df, mf, so, xs, t, b, q4)
-    scale_into(accf, (i + 1) * R + c, a1, df, mf, so, xs, t + 1, b, q4)
-    scale_into(accf, (i + 2) * R + c, a2, df, mf, so, xs, t + 2, b, q4)
+                a4 = fma(q, splat(xv[t + 4, o + j]), a4)
+    scale_into(work.acc, t, c, a0, w, blk, x)
+    scale_into(work.acc, t + 1, c, a1, w, blk, x)
+    scale_into(work.acc, t + 2, c, a2, w, blk, x)
     if n > 3:
-        scale_into(accf, (i + 3) * R + c, a3, df, mf, so, xs, t + 3, b, q4)
+        scale_into(work.acc, t + 3, c, a3, w, blk, x)
     if n > 4:
-        scale_into(accf, (i + 4) * R + c, a4, df, mf, so, xs, t + 4, b, q4)
+        scale_into(work.acc, t + 4, c, a4, w, blk, x)
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _pass_of(qf, qb, wf, R, xp, o, accf, i, t, c, df, mf, so, xs, b, q4, n, convert):
+def _pass_of(w, blk, x, work, t, c, n, convert):
     """:func:`_pass` with ``n`` (3-5) made a constant, one compiled body per row count."""
     if n == 5:
-        _pass(qf, qb, wf, R, xp, o, accf, i, t, c, df, mf, so, xs, b, q4, 5, convert)
+        _pass(w, blk, x, work, t, c, 5, convert)
     elif n == 4:
-        _pass(qf, qb, wf, R, xp, o, accf, i, t, c, df, mf, so, xs, b, q4, 4, convert)
+        _pass(w, blk, x, work, t, c, 4, convert)
     else:
-        _pass(qf, qb, wf, R, xp, o, accf, i, t, c, df, mf, so, xs, b, q4, 3, convert)
+        _pass(w, blk, x, work, t, c, 3, convert)
 
 
 @njit(inline="always", **JIT_OPTIONS)
@@ -147,30 +155,31 @@ def pass_rows(left: int) -> int:
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def block_passes(qf, qb, wf, R, xp, accf, t0, t1, c_lo, c_hi, df, mf, so, xs, b, q4):
-    """Block ``b``'s codes (from ``qf[qb:]``) times input rows ``t0:t1``, output lanes
-    ``c_lo:c_hi``, into ``acc`` (its row ``i`` is input row ``t0 + i``): passes of
-    :func:`pass_rows` rows x 16 lanes. The first pass converts the codes as it
-    multiplies them and keeps them in the tile ``wf``; the others read them there."""
-    t = t0
-    while t < t1:
-        n = pass_rows(t1 - t)
+def block_passes(w, blk, x, work, c_lo, c_hi):
+    """Block ``blk``'s codes times every input row of the chunk ``x``, output lanes
+    ``c_lo:c_hi``, into ``work.acc``: passes of :func:`pass_rows` rows x 16 lanes. The
+    first pass converts the codes as it multiplies them and keeps them in ``work.tile``;
+    the others read them there."""
+    T = x.values.shape[0]
+    t = 0
+    while t < T:
+        n = pass_rows(T - t)
         for c in range(c_lo, c_hi, 16):
-            if t == t0:                                          # converts, constant True
-                _pass_of(qf, qb, wf, R, xp, b * 32, accf, 0, t, c, df, mf, so + c, xs, b, q4,
-                         n, True)
+            if t == 0:                                           # converts, constant True
+                _pass_of(w, blk, x, work, t, c, n, True)
             else:
-                _pass_of(qf, qb, wf, R, xp, b * 32, accf, t - t0, t, c, df, mf, so + c, xs, b,
-                         q4, n, False)
+                _pass_of(w, blk, x, work, t, c, n, False)
         t += n
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def prefetch_block(qf, q, J, R, c_lo, c_hi):
-    """Ask for lanes ``c_lo:c_hi`` of the block at ``qf[q:]`` (``J`` rows of ``R`` bytes)
-    to be brought into L2, one hint per cache line; nothing past the array's end."""
-    if q + J * R > qf.size:
+def prefetch_block(w, q, c_lo, c_hi):
+    """Ask for lanes ``c_lo:c_hi`` of the block whose first code is ``w.codes[q]`` to be
+    brought into L2, one hint per cache line of each of its byte rows; nothing past the
+    array's end."""
+    J, R = w.code_rows, w.lanes
+    if q + J * R > w.codes.size:
         return
     for j in range(J):
         for c in range(c_lo - c_lo % CACHE_LINE, c_hi, CACHE_LINE):
-            prefetch_l2(qf, q + j * R + c)
+            prefetch_l2(w.codes, q + j * R + c)

@@ -79,8 +79,8 @@ def _has(feature: str) -> bool:
 HAS_VNNI = _has("avx512vnni")
 #: Else, whether it is AVX2's byte-pair multiply-add (``vpmaddubsw`` then ``vpmaddwd``).
 HAS_AVX2 = _has("avx2")
-#: 32 vector registers (AVX-512) rather than 16: the float kernels pick their tiles by it
-#: (:data:`.matrix.BATCH_KERNEL`, ``attention.numba_kernels.vector_registers``).
+#: 32 vector registers (AVX-512) rather than 16: the attention kernels pick their tiles by
+#: it (``attention.numba_kernels.vector_registers``).
 HAS_AVX512 = _has("avx512f")
 
 
