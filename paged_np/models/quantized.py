@@ -21,11 +21,11 @@ import numpy as np
 
 from ..errors import InvalidArgument, ShapeError
 from ..quant import BLOCK, QuantMatrix
-from ..quant.formats import WEIGHT_QUANTIZATIONS
+from ..registry import WEIGHT_QUANTIZATIONS
 
-#: Values of ``quantization`` that :func:`paged_np.load_model` and :class:`paged_np.LLM` take
-#: (read from :data:`paged_np.quant.formats.WEIGHT_QUANTIZATIONS`, where each is described).
-QUANTIZATIONS = tuple(WEIGHT_QUANTIZATIONS)
+#: Values of ``quantization`` that :func:`paged_np.load_model` and :class:`paged_np.LLM` take:
+#: the names of :data:`paged_np.registry.WEIGHT_QUANTIZATIONS`, with None for "none" (float32).
+QUANTIZATIONS = tuple(None if q == "none" else q for q in WEIGHT_QUANTIZATIONS)
 
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 

@@ -29,10 +29,9 @@ from .formats import (
                       Q4,
                       Q8,
                       QUANT_FORMATS,
-                      WEIGHT_QUANTIZATIONS,
 )
 from .matrix import FEW_ROWS, QuantMatrix
 
 __all__ = ["BLOCK", "BLOCK_FORMATS", "FEW_ROWS", "FLOAT_FORMATS", "FORMATS", "Q4", "Q8",
-           "QUANT_FORMATS", "QuantMatrix", "WEIGHT_QUANTIZATIONS", "dequantize_blocks",
+           "QUANT_FORMATS", "QuantMatrix", "dequantize_blocks",
            "dequantize_raw", "parse_blocks", "quantize_q8_0"]

@@ -1,14 +1,12 @@
-"""The weight formats, named once: GGUF's block formats, the two kinds of codes, the choices.
+"""The weight formats, named once: GGUF's block formats and the two kinds of codes.
 
-Three tables, read by everything else (nothing here imports NumPy or Numba, so
-config checks and the CLI can read them for free):
+Two tables, read by everything else (nothing here imports NumPy or Numba). The
+values of ``quantization=`` are a choice like any other, in
+:data:`paged_np.registry.WEIGHT_QUANTIZATIONS`.
 
 - :data:`BLOCK_FORMATS`: the GGUF tensor types kept quantized in memory, what a
   32-weight block holds and which :data:`kind <Q4>` of codes the kernels read;
-- :data:`FLOAT_FORMATS`: the tensor types kept as float32 arrays;
-- :data:`WEIGHT_QUANTIZATIONS`: the values of ``quantization=`` that
-  :func:`paged_np.load_model`, :class:`paged_np.LLM` and ``--quantization`` take
-  (None: float32; the CLI spells it ``none``).
+- :data:`FLOAT_FORMATS`: the tensor types kept as float32 arrays.
 
 The kernels see a format only as its *kind*, an integer, because Numba compiles
 integers, not strings: :data:`Q4` (two 4-bit codes a byte, ``w = d q + m``:
@@ -51,14 +49,6 @@ QUANT_FORMATS = {name: f.bytes for name, f in BLOCK_FORMATS.items()}
 FLOAT_FORMATS = ("F32", "F16")
 #: Every tensor type a :class:`~paged_np.quant.QuantMatrix` holds.
 FORMATS = tuple(BLOCK_FORMATS) + FLOAT_FORMATS
-
-#: ``quantization=``: how a loaded checkpoint's weights are held, and what each means.
-WEIGHT_QUANTIZATIONS = {
-    "gguf": "the file's blocks, float32 inputs (default)",
-    "gguf_a8": "the same blocks times int8 inputs, llama.cpp's arithmetic",
-    "q8_0": "quantize on load",
-    None: "float32",
-}
 
 
 def kind_of(fmt: str) -> int:
