@@ -28,6 +28,7 @@ asked for) and the dense ground truth in :mod:`.reference`.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -299,9 +300,16 @@ __all__ = [
 
 
 def __getattr__(name):
-    """``merge_attention_states`` lives in :mod:`.split_k`, imported when first asked for."""
+    """``merge_attention_states`` (from :mod:`.split_k`) and the submodules
+    (``attention.reference``, ``attention.numba_cpu``, ...) are imported when first asked for."""
     if name == "merge_attention_states":
         from .split_k import merge_attention_states
 
         return merge_attention_states
+    if not name.startswith("__"):
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

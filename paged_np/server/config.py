@@ -1,6 +1,6 @@
 """``ServerConfig``: every option of the HTTP server, in one place (beside ``EngineConfig``).
 
-The engine's options live in :class:`paged_np.config.EngineConfig`; the server's
+The engine's options live in :class:`paged_np.engine.config.EngineConfig`; the server's
 own (the name it answers to, where it listens, how long it drains, the API key,
 what the dashboard may show) live here, once. Both travel the same way:
 ``python -m paged_np serve`` makes one flag per field of each
@@ -41,7 +41,7 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 def _option(default, help: str, **cli):
-    """A field with the help its flag shows, as :class:`~paged_np.config.EngineConfig`'s
+    """A field with the help its flag shows, as :class:`~paged_np.engine.config.EngineConfig`'s
     fields carry theirs (``flags``: the flag's spellings when not ``--field-name``;
     ``type``: what argparse converts the text to)."""
     return field(default=default, metadata=dict(help=help, **cli))

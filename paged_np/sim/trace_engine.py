@@ -115,7 +115,7 @@ def trace_step(engine, outputs: dict) -> tuple[list, int]:
     it. ``outputs[request_id]`` is the trace's output tokens for each request
     (its ``max_tokens`` ends it after the last one).
 
-    Returns the requests finished in this step (:class:`~paged_np.RequestOutput`)
+    Returns the requests finished in this step (:class:`~paged_np.engine.outputs.RequestOutput`)
     and the prompt tokens it computed (a count the engine does not keep:
     prompts computed again after a preemption count again).
     """
