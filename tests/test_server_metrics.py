@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families  # the serve extra's
 from server_helpers import TINY_NAME, make_llm, tiny, wait_for
 
-pytest.importorskip("prometheus_client")
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
-from paged_np.server import ServerThread  # noqa: E402
-from paged_np.server.metrics import ServerMetrics  # noqa: E402
+from paged_np.server import ServerThread
+from paged_np.server.metrics import ServerMetrics
 
 #: Every family /metrics served when it was written by hand (the reference), by type.
 #: A counter family is named without its ``_total`` (the parser's way).
