@@ -53,8 +53,10 @@ import numpy as np
 import paged_np as pnp
 from paged_np.sim import prefix as sim
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import traces as stress  # noqa: E402  (the capstone's own folder)
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]    # the capstone's folder, then notebooks/
+import traces as stress  # noqa: E402
+from _exercise import ties_at_random  # noqa: E402  (the notebooks' checker: 3d uses it too)
 
 FAILED: list = []
 #: The pass bar, in points of hit rate (percentage points) against LRU's on the same trace.
@@ -78,38 +80,6 @@ def load_policy(path: Path, name: str | None):
         raise SystemExit(f"{path}: expected one EvictionPolicy subclass"
                          f"{f' named {name}' if name else ''}, found {len(found)}")
     return found[0]
-
-
-def _mix(*ints) -> int:
-    """A 64-bit hash of some ints (splitmix64 steps): a fixed draw per stamps and seed."""
-    x = 0
-    for v in ints:
-        x = (x ^ (int(v) & 0xFFFFFFFFFFFFFFFF)) * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF
-        x ^= x >> 31
-        x = x * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
-        x ^= x >> 27
-    return x
-
-
-def random_ties(policy_cls, seed: int) -> pnp.EvictionPolicy:
-    """The policy with ties broken at random: ``(its key, a hash of the stamps and seed)``.
-
-    Still a pure function of the stamps, as the index's heap needs. Without
-    it the heap breaks ties by the order entries were queued, LRU's order, so
-    a constant key would reproduce LRU exactly and any key with many ties
-    (a hit count alone) would lean on LRU without saying so.
-    """
-    policy = pnp.cache.eviction.make_policy(policy_cls)
-
-    class RandomTies(pnp.EvictionPolicy):
-        name = f"{policy.name}, ties at random"
-
-        def priority(self, entry):
-            return (policy.priority(entry),
-                    _mix(seed, entry.last_access_time, entry.creation_time or 0,
-                         entry.hit_count))
-
-    return RandomTies()
 
 
 def check_pure(policy) -> bool:
@@ -175,7 +145,7 @@ def randomized(policy_cls, rounds: int, seed: int) -> None:
                 for who, pol in (("yours", policy_cls), ("lru", "lru")):
                     cache = pnp.PagedKVCache(pnp.CacheConfig(
                         num_pages=12, page_size=4, num_kv_heads=1, head_dim=4,
-                        prefix_cache=index, eviction_policy=random_ties(pol, seed)),
+                        prefix_cache=index, eviction_policy=ties_at_random(pol, seed)),
                         record_events=False)
                     for i, p in enumerate(prompts):
                         hits[who] += serve_checked(cache, i, p)
@@ -213,7 +183,7 @@ def simulation(policy_cls, seed: int) -> dict:
     for name, (trace, parent, pages, running) in traces(seed).items():
         try:                                            # it checks the invariants at the end
             res = {who: sim.serve(trace, parent, "hash", "fcfs", pages, 16, max_running=running,
-                                  eviction_policy=random_ties(pol, seed))
+                                  eviction_policy=ties_at_random(pol, seed))
                    for who, pol in (("yours", policy_cls), ("lru", "lru"))}
         except AssertionError as exc:
             say("FAIL", f"simulation {name}", str(exc))
@@ -255,7 +225,7 @@ def real_model(policy_cls, seed: int) -> None:
     def run(num_pages, policy):
         """Two waves of three chats (the second finds a full cache); texts and figures."""
         llm = pnp.LLM(model, tokenizer=tok, verbose=False, num_pages=num_pages, page_size=16,
-                      max_num_seqs=2, eviction_policy=random_ties(policy, seed))
+                      max_num_seqs=2, eviction_policy=ties_at_random(policy, seed))
         eng, t0, first, texts = llm.engine, time.perf_counter(), {}, []
         for w, wave in enumerate((prompts[:3], prompts[3:])):
             arrived = time.perf_counter() - t0           # the wave arrives when it is added
