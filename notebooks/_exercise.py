@@ -8,6 +8,13 @@ right values from the package and calls :func:`check`, which prints one line:
     Exercise 1a: not right yet: n_pages = 2. Hint: ...
     Exercise 1a: right! ...
 
+An exercise that asks for a function is run beside the package on random cases
+(:func:`check_function`), or judged by a property of what it does
+(:func:`check_property`: 5d's sampling rule, by the distribution it draws). A wrong
+answer shows every part of it; a function that returns nothing is told so ("returned
+None"). A :class:`Hint` comes in tiers: the failing case alone on the first wrong
+try, then the idea, and the code only when asked for (``hint("1c")``).
+
 It never raises, so a notebook with every exercise left blank still runs top to
 bottom (that is how it is shipped, and how CI runs it). ``tests/test_notebooks.py``
 reads these lines. Solutions live apart, in ``notebooks/solutions/NN.py``.
@@ -23,8 +30,9 @@ import copy
 
 import numpy as np
 
-__all__ = ["check", "check_function", "attempt", "is_blank", "hint", "Hint", "Raised",
-           "ReturnedNone", "OneAtATime", "ties_at_random"]
+__all__ = ["check", "check_function", "check_property", "attempt", "is_blank", "hint", "Hint",
+           "Raised", "ReturnedNone", "OneAtATime", "KeptThePages", "in_one_pass",
+           "ties_at_random"]
 
 
 class Raised:
@@ -156,8 +164,11 @@ def _show(answer, width: int = 100) -> str:
     elif numeric:
         text = np.array2string(a, threshold=8, separator=", ", max_line_width=10**6,
                                formatter={"float_kind": lambda x: f"{x:.10g}"})
+        text = " ".join(text.split())                # a 2-D array on the verdict's line
     else:
         text = repr(answer)
+        if isinstance(answer, Raised):
+            return text                              # an error message is shown whole
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
@@ -290,8 +301,8 @@ def check_function(name: str, fn, oracle, cases, hints: str = "", done: str = ""
 class OneAtATime:
     """A sequence's pages handed over one at a time, as a kernel reads them (2b).
 
-    Iterating gives ``(K, V)`` per page, in logical order, each ``[P, D]`` (the last
-    page may be part full: only the sequence's rows are there). Both arrays are one
+    Iterating gives ``(K, V)`` per page, in logical order, each ``[P, D]`` (of the last
+    page only the sequence's rows are its own; the rest is stale). Both arrays are one
     buffer the next page overwrites, and after the last page they hold NaN: a page
     kept to use later is gone. The pages can be walked once. So a function that
     gathers every key and takes one softmax at the end computes from garbage, and
@@ -300,7 +311,7 @@ class OneAtATime:
 
     def __init__(self, k_pages, v_pages, block_table, seq_len: int):
         self.k_pages, self.v_pages = k_pages, v_pages    # [num_pages, P, D] each
-        self.block_table, self.seq_len = list(block_table), int(seq_len)
+        self.block_table, self.seq_len = [int(p) for p in block_table], int(seq_len)
         self.walked = False
 
     def __iter__(self):
@@ -310,15 +321,48 @@ class OneAtATime:
         P, D = self.k_pages.shape[1:]
         k_buf = np.empty((P, D), self.k_pages.dtype)
         v_buf = np.empty((P, D), self.v_pages.dtype)
-        for i, page in enumerate(self.block_table):
-            rows = min(P, self.seq_len - i * P)          # the last page may be part full
-            k_buf[:rows], v_buf[:rows] = self.k_pages[page, :rows], self.v_pages[page, :rows]
-            yield k_buf[:rows], v_buf[:rows]
+        for page in self.block_table:                    # whole pages, as the arena holds
+            k_buf[:], v_buf[:] = self.k_pages[page], self.v_pages[page]
+            yield k_buf, v_buf
         k_buf[:], v_buf[:] = np.nan, np.nan              # nothing left to read later
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one page of K (one page of V is as many)."""
+        return int(self.k_pages[0].nbytes)
 
     def __repr__(self) -> str:
         return (f"seq_len={self.seq_len}, P={self.k_pages.shape[1]}, "
                 f"block_table={self.block_table}")
+
+
+class KeptThePages(Exception):
+    """Raised by :func:`in_one_pass` when a function held many pages at once."""
+
+
+def in_one_pass(fn, q, pages: OneAtATime, seq_len: int, pages_held: int = 4):
+    """``fn(q, pages, seq_len)`` with its memory traced: :class:`KeptThePages` if at
+    any moment it held more than ``pages_held`` pages' bytes (plus 8 KiB), which a
+    loop keeping only ``m``, ``l`` and ``acc`` never does, and a copy of every page
+    kept for a softmax at the end does on a long sequence."""
+    import tracemalloc
+
+    mine = not tracemalloc.is_tracing()
+    if mine:
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+    try:
+        result = fn(q, pages, seq_len)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        if mine:
+            tracemalloc.stop()
+    budget = pages_held * pages.page_bytes + 8192
+    if peak > budget:
+        raise KeptThePages(f"it held {peak:,} bytes at once, more than {pages_held} pages' "
+                           f"worth ({budget:,}): the one-pass loop keeps m, l and acc, "
+                           "never the pages")
+    return result
 
 
 def _mix(*ints) -> int:
@@ -350,8 +394,41 @@ def ties_at_random(policy, seed: int):
         name = f"{inner.name}, ties at random"
 
         def priority(self, entry):
-            return (inner.priority(entry),
+            key = inner.priority(entry)
+            if key is None:
+                raise ValueError(f"{type(inner).__name__}.priority returned None "
+                                 "(a body without a return?)")
+            return (key,
                     _mix(seed, entry.last_access_time, entry.creation_time or 0,
                          entry.hit_count))
 
     return TiesAtRandom()
+
+
+def check_property(name: str, test, cases, hints="", done: str = "", describe=None,
+                   blank: str | None = None) -> None:
+    """Check a property of the learner's code on every case; print one line.
+
+    For an exercise judged by what its code *does* rather than by equal numbers (5d:
+    a sampling rule, judged by the distribution it draws): ``test(*case)`` returns
+    None when the property holds and a sentence saying how it fails otherwise; it
+    calls the learner's functions (a blank raises ``NotImplementedError``: not done
+    yet; another error is reported as such).
+    """
+    cases = list(cases)
+    for i, args in enumerate(cases):
+        try:
+            failure = test(*copy.deepcopy(args))
+        except NotImplementedError:
+            print(f"Exercise {name}: not done yet (write {blank or 'the blanks'}, then run "
+                  "this cell again)")
+            return
+        except Exception as exc:  # the learner's bug
+            failure = f"an error ({type(exc).__name__}: {exc})"
+        if failure:
+            what = describe(*args) if describe else ", ".join(_show(a, 60) for a in args)
+            tip = _hint_text(name, hints)
+            print(f"Exercise {name}: not right yet: case {i + 1} of {len(cases)} ({what}): "
+                  f"{failure}." + (f" Hint: {tip}" if tip else ""))
+            return
+    print(f"Exercise {name}: right! {len(cases)} cases. {done}".rstrip())
