@@ -33,7 +33,7 @@ import matplotlib.pyplot as plt
 
 import paged_np as pnp
 from paged_np import viz
-from _exercise import attempt, check, check_function  # notebooks/_exercise.py
+from _exercise import Hint, attempt, check, check_function, hint  # notebooks/_exercise.py
 
 rng = np.random.default_rng(0)
 
@@ -219,6 +219,18 @@ assert list(indices[indptr[1]:indptr[2]]) == list(cache.block_table("B"))
 # the pages so that page 0 comes out first: the free pages come out in increasing order
 # *for now*. After a request finishes, its pages come out first, in whatever order it
 # freed them (exercise 1c).
+#
+# > **vLLM V0 and V1.** A free list kept as a stack, and notebook 4's fork with
+# > copy-on-write, are the design of vLLM's first engine, **V0** (the paper's). vLLM's
+# > current engine, **V1**, does both otherwise. Its free blocks wait in one **FIFO**
+# > queue (`FreeKVCacheBlockQueue`) that doubles as the **LRU order** of the prefix
+# > cache: a finished request's blocks join the tail (its last block first, so a prefix
+# > outlives its tail), an allocation takes the block at the head, and a block keeps its
+# > hash, findable, until it reaches the head and is reused. V1 has **no copy-on-write**:
+# > a request for `n > 1` samples runs as `n` requests that share the prompt's *full*
+# > blocks through prefix caching, each computing its own partial last block. paged_np
+# > teaches V0's stack and fork (notebooks 1, 4, 5), keeps cached pages in an LRU order
+# > of their own (notebook 3), and schedules like V1 (notebook 5).
 
 # %%
 d_prompt = list(range(300, 309))
@@ -291,7 +303,9 @@ check("1b", {"waste_fraction": None if None in got else got},
 # requests that finished in a random order, a sequence part-way through its last page),
 # runs your function and the package's `allocate_slots` on each, and shows the first
 # case where they differ. (The package's version also evicts cached pages and copies
-# shared ones, notebooks 3 and 4; these cases need neither.)
+# shared ones, notebooks 3 and 4; these cases need neither.) A wrong answer first shows
+# only the case, for you to compare; run the check again after your next try for a hint
+# on the idea; `hint("1c")` prints the code if you want it.
 
 # %% exercise 1c
 def allocate_slots(free, block_table, num_tokens, n, page_size):
@@ -333,10 +347,16 @@ check_function("1c", allocate_slots, package_allocate_slots,
                [random_case(r) for _ in range(20)],
                describe=lambda free, bt, t, n, P: f"free={free}, block_table={bt}, "
                                                   f"num_tokens={t}, n={n}, P={P}",
-               hints="token t goes to block_table[t // P] at offset t % P; before writing "
-                     "token t, if t // P == len(block_table), pop a page first.",
-               done="That is the allocator of vLLM's block manager, minus eviction and "
-                    "copy-on-write.")
+               hints=Hint("token t lives on logical page t // P at offset t % P; a "
+                          "sequence needs a fresh page exactly when t // P is one past the "
+                          "end of its block table, and the top of the stack is the end of "
+                          "the list.",
+                          code="for t in range(num_tokens, num_tokens + n): if t // P == "
+                               "len(block_table): block_table.append(free.pop()); then "
+                               "slots.append(block_table[t // P] * P + t % P)."),
+               done="That is the allocator of vLLM V0's block manager, minus eviction and "
+                    "copy-on-write (V1 takes the head of a FIFO queue instead of a stack's "
+                    "top).")
 
 # %% [markdown]
 # ## Self-check
@@ -347,13 +367,15 @@ check_function("1c", allocate_slots, package_allocate_slots,
 # 2. Token 37 of a sequence whose block table is `[9, 2, 5]`, pages of 16: its slot?
 #    <details><summary>answer</summary>37 // 16 = 2, so page 5, offset 37 % 16 = 5:
 #    slot 5 * 16 + 5 = 85.</details>
-# 3. Why must a sequence's pages not be neighbours in the arena?
+# 3. Why need a sequence's pages not be neighbours in the arena?
 #    <details><summary>answer</summary>They need not be: the block table maps each
 #    logical page to any page, so a new request can take whatever pages are free, and no
 #    contiguous run is ever needed (no external fragmentation).</details>
 # 4. Request A frees pages 3 then 7; which page does the next allocation get?
 #    <details><summary>answer</summary>7: the free list is a stack, the last page given
-#    back is the first handed out.</details>
+#    back is the first handed out (vLLM V0). In vLLM V1 both would join the tail of a FIFO
+#    queue, and the next allocation takes whatever block has waited longest at its head.
+#    </details>
 #
 # **Next:** notebook 2 shows how attention reads a sequence whose keys are scattered over
 # pages, and notebook 3 what happens to pages when a request finishes.

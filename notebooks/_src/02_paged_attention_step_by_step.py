@@ -32,7 +32,7 @@ from paged_np import viz
 from paged_np.attention.reference import dense_attention
 from paged_np.attention.numpy_paged import attend_sequence
 from paged_np.attention import split_k
-from _exercise import attempt, check, check_function  # notebooks/_exercise.py
+from _exercise import Hint, OneAtATime, attempt, check, check_function, hint, in_one_pass
 
 rng = np.random.default_rng(0)
 
@@ -228,7 +228,8 @@ for splits in (1, 2, 3, 5):
 # earlier tokens, so query `i` sees keys `0 .. seq_len - n_q + i` and no later one: the
 # **causal mask**, a staircase. A prompt computed in **chunks** (notebook 5's chunked
 # prefill) is the same rule with the earlier chunks already in the cache: the chunk's
-# first query sees every earlier token, its last one sees one more key per row. Decode is
+# first query sees every earlier token and itself, and each later query one more key
+# than the query before it. Decode is
 # the case `n_q = 1`: the one query sees everything.
 #
 # Below, a chunk of 5 queries at the end of our 37-token sequence: the mask drawn, and the
@@ -299,46 +300,61 @@ check("2", {"merge_pages": attempt(merge_pages, outs, lses)},
 # %% [markdown]
 # ## Exercise 2b: the one-pass loop, yours
 #
-# Write `online_attention`: one query `q` (`[D]`) over a sequence of `seq_len` tokens in
-# the pages `k_pages`, `v_pages` (`[num_pages, P, D]`, one kv head) listed by
-# `block_table`, visiting each page once and keeping only `m`, `l` and `acc` (the loop
-# above). Return `(out, lse)`: the output `[D]` and the log-sum-exp of the scaled scores.
-# Mind the last page: only its first `seq_len - (n_pages - 1) * P` rows are the
-# sequence's. The check runs 20 random sequences (lengths, page sizes, scattered block
-# tables) through yours and the package's kernel and shows the first that differs.
+# Write `online_attention`: one query `q` (`[D]`) over a sequence of `seq_len` tokens
+# whose pages arrive **one at a time**, as a kernel reads them: `for K, V in pages:` gives
+# each page's keys and values (`[P, D]` each), in logical order. Keep only `m`, `l` and
+# `acc` (the loop above) and return `(out, lse)`: the output `[D]` and the log-sum-exp
+# of the scaled scores. Mind the last page: only its first `seq_len - (n_pages - 1) * P`
+# rows are the sequence's; the rest is whatever the arena held there.
+#
+# The check hands the pages over the way a kernel sees them: once, in one buffer that
+# the next page overwrites (after the last page it holds NaN), and it traces your
+# function's memory. So gathering every key for one softmax at the end is refused, even
+# with copies: that is dense attention, and the point of the loop is that it never holds
+# the sequence. It runs 20 random sequences (lengths up to 200, page sizes 4 to 16,
+# scattered block tables) through yours and the package's kernel and shows the first that
+# differs, with both parts of the answer.
 
 # %% exercise 2b
-def online_attention(q, k_pages, v_pages, block_table, seq_len):
-    """q [D]; k_pages, v_pages [num_pages, P, D]; block_table [n_pages] -> (out [D], lse)."""
+def online_attention(q, pages, seq_len):
+    """q [D]; pages: (K [P, D], V [P, D]) per page, in order, once -> (out [D], lse)."""
     raise NotImplementedError        # your code here (about a dozen lines)
 
 # %% check 2b
-def package_attention(q, k_pages, v_pages, block_table, seq_len):
-    out, lse = pnp.paged_attention(q[None, None], k_pages[:, None], v_pages[:, None],
-                                   np.asarray(block_table, np.int32)[None],
+def package_attention(q, pages, seq_len):
+    """The package's kernel on the same pages, read from the arena they came from."""
+    out, lse = pnp.paged_attention(q[None, None], pages.k_pages[:, None], pages.v_pages[:, None],
+                                   np.asarray(pages.block_table, np.int32)[None],
                                    np.array([seq_len], np.int32), backend="numpy",
                                    return_lse=True)
     return out[0, 0], float(lse[0, 0])
 
 
 def random_sequence(r):
-    ps, d = int(r.choice([2, 4, 8])), 8
-    seq_len = int(r.integers(1, 40))
+    ps, d = int(r.choice([4, 8, 16])), 32
+    seq_len = int(r.integers(1, 40) if r.random() < 0.4 else r.integers(100, 200))
     n = -(-seq_len // ps)
-    kp, vp = (r.normal(size=(12, ps, d)).astype(np.float32) for _ in range(2))
-    return r.normal(size=d).astype(np.float32), kp, vp, r.permutation(12)[:n], seq_len
+    kp, vp = (r.normal(size=(64, ps, d)).astype(np.float32) for _ in range(2))
+    return r.normal(size=d).astype(np.float32), OneAtATime(kp, vp, r.permutation(64)[:n],
+                                                           seq_len), seq_len
 
 
 r = np.random.default_rng(2)
-check_function("2b", online_attention, package_attention,
-               [random_sequence(r) for _ in range(20)], atol=1e-4, rtol=1e-4,
-               describe=lambda q, k, v, bt, n: f"seq_len={n}, P={k.shape[1]}, "
-                                               f"block_table={list(bt)}",
-               hints="start with m = -inf, l = 0, acc = zeros(D); per page take the rows "
-                     "min(P, seq_len - i * P); scores = K @ q / sqrt(D); rescale l and acc "
-                     "by exp(m_old - m_new) before adding the page; out = acc / l, "
-                     "lse = m + log(l).",
-               done="One pass, three running values: the loop inside every paged kernel.")
+check_function("2b", lambda q, pages, n: in_one_pass(online_attention, q, pages, n),
+               package_attention, [random_sequence(r) for _ in range(20)],
+               atol=1e-4, rtol=1e-4, blank="the body of online_attention",
+               describe=lambda q, pages, n: repr(pages),
+               hints=Hint("three running values: the largest score so far m, the sum l of "
+                          "exp(score - m), and acc, the sum of exp(score - m) * v; when a page "
+                          "raises m, multiply l and acc by exp(m_old - m_new) before adding "
+                          "the page; at the end out = acc / l and lse = m + log(l).",
+                          code="m, l, acc = -np.inf, 0.0, np.zeros(D); for i, (K, V) in "
+                               "enumerate(pages): rows = min(P, seq_len - i * P); s = "
+                               "K[:rows] @ q / np.sqrt(D); m_new = max(m, s.max()); alpha, "
+                               "p = np.exp(m - m_new), np.exp(s - m_new); l = alpha * l + "
+                               "p.sum(); acc = alpha * acc + p @ V[:rows]; m = m_new."),
+               done="One pass, three running values, no page kept: the loop inside every "
+                    "paged kernel.")
 
 # %% [markdown]
 # ## Self-check

@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt
 import paged_np as pnp
 from paged_np import viz
 from paged_np.cache.hash_index import hash_page, ROOT_HASH
-from _exercise import check, check_function   # notebooks/_exercise.py
+from _exercise import Hint, check, check_function, hint, ties_at_random  # notebooks/
 
 rng = np.random.default_rng(0)
 
@@ -270,8 +270,10 @@ check("3", {"next_victim": next_victim}, {"next_victim": trial.pool.eviction_ord
 #
 # SGLang finds cached prefixes with a **radix tree** instead of a hash chain: edges carry
 # runs of tokens, a node holds the pages of its edge, a live sequence *locks* its path
-# (`lock_ref`), and eviction takes the least recently used unlocked **leaf** first, since
-# an inner node's KV is useless without its parent's. `CacheConfig(prefix_cache="radix")`
+# (`lock_ref`), and eviction takes the least recently used unlocked **leaf** first:
+# a lookup walks from the root, so evicting an inner node would strand its whole subtree
+# (its children's K/V still in memory, but no path reaches them), while a leaf strands
+# nothing. `CacheConfig(prefix_cache="radix")`
 # puts the tree behind the same `PagedKVCache` methods. Serve the same prompts through
 # both: they reuse the same tokens. Left, the hash chain's cached pages in LRU order;
 # right, the tree, drawn from its state: gold nodes are CACHED (nothing locks them), the
@@ -356,9 +358,13 @@ check_function("3c", cached_prefix,
                lambda index, ids, ps: list(index.match_prefix(ids)[0]),
                [(lookup_cache.prefix_index, random_prompt(), 4) for _ in range(20)],
                describe=lambda index, ids, ps: f"token_ids={ids}",
-               hints="parent = ROOT_HASH; for page i: tokens = token_ids[i*P:(i+1)*P], "
-                     "only while they are a full page; h = hash_page(parent, tokens); "
-                     "page = index.lookup(h, tokens); stop at None; parent = h.",
+               hints=Hint("each full page's hash digests its parent's, from ROOT_HASH; "
+                          "walk the pages in order and stop at the first the index does not "
+                          "hold (a partial last page is never looked up).",
+                          code="parent = ROOT_HASH; for page i: tokens = token_ids[i*P:(i+1)*P]"
+                               ", only while they are a full page; h = hash_page(parent, "
+                               "tokens); page = index.lookup(h, tokens); stop at None; "
+                               "parent = h."),
                done="A hit on page i means the whole prefix up to i matched, because each "
                     "hash digests its parent's.")
 
@@ -372,6 +378,12 @@ check_function("3c", cached_prefix,
 # `CacheConfig(eviction_policy=...)`, serves the same 20 random workloads through it and
 # through the package's `LFUPolicy` in a cache of 10 pages, checks the pool's invariants
 # after every request, and compares the pages evicted, in order.
+#
+# One catch the check closes: left to itself, the index's heap breaks ties between equal
+# keys in the order the entries were queued, which *is* LRU's order, so a key that says
+# nothing about age would still look right. The check breaks ties **at random** instead
+# (`ties_at_random`: your key, then a hash of the stamps), for yours and for the
+# package's alike: only a key that names the tie-break itself evicts like `LFUPolicy`.
 
 # %% exercise 3d
 class MyLFU(pnp.EvictionPolicy):
@@ -391,13 +403,20 @@ def evictions(policy, prompts):
     return [e.page_id for e in c.events if e.kind == "evict"]
 
 
-check_function("3d", lambda prompts: evictions(MyLFU, prompts),
-               lambda prompts: evictions(pnp.LFUPolicy, prompts),
-               [([random_prompt() for _ in range(12)],) for _ in range(20)],
-               describe=lambda prompts: f"12 prompts starting {prompts[0][:6]}...",
+a, b = [1, 2, 3, 4, 5], [11, 12, 13, 14, 15]               # one full page each, then a token
+tie_case = [a, b, b, a, list(range(100, 136))]             # equal hits; a made first, used last
+check_function("3d", lambda prompts: evictions(ties_at_random(MyLFU, 3), prompts),
+               lambda prompts: evictions(ties_at_random(pnp.LFUPolicy, 3), prompts),
+               [(tie_case,)] + [([random_prompt() for _ in range(12)],) for _ in range(20)],
+               describe=lambda prompts: ("two pages with a hit each, the older one used "
+                                         "last; then a long prompt" if prompts is tie_case
+                                         else f"12 prompts starting {prompts[0][:6]}..."),
                blank="MyLFU.priority",
-               hints="return a tuple: Python compares tuples item by item, so "
-                     "(entry.hit_count, entry.last_access_time) sorts by hits, then age.",
+               hints=Hint("two rules, the second only among equals under the first: "
+                          "fewer hits go first, and among equal hits the older use goes "
+                          "first. A key can carry both, and Python compares it item by "
+                          "item.",
+                          code="return (entry.hit_count, entry.last_access_time)"),
                done="Any sortable key makes a policy: the capstone asks you to design one "
                     "and defend it.")
 

@@ -13,6 +13,17 @@
 # `ref_count > 1` is copied before a write, a page with `ref_count == 1` is written in
 # place.
 #
+# > **vLLM V0 and V1.** Fork and copy-on-write are how vLLM's first engine (**V0**, the
+# > paper's) shared pages, and how this notebook and paged_np do. vLLM's current engine,
+# > **V1**, has **no copy-on-write** and no fork: a request for `n > 1` samples runs as
+# > `n` requests with the same prompt, which share the prompt's *full* blocks through
+# > prefix caching (notebook 3), while each computes and owns its partial last block (a
+# > few prompt tokens computed `n` times instead of one page copied `n - 1` times). Its
+# > free blocks form a FIFO queue that is also the LRU order of cached blocks, where
+# > V0 kept a free list (notebook 1). Beam search in V1 is built outside the engine core
+# > on the same prefix sharing. The memory saved is nearly the same; what differs is who
+# > shares (requests through the prefix cache, not sequences through a block table).
+#
 # **What you need:** notebook 1 (pages, block tables, `allocate_slots`); notebook 3's
 # page states help but are not required.
 #
@@ -26,7 +37,7 @@ import matplotlib.pyplot as plt
 
 import paged_np as pnp
 from paged_np import viz
-from _exercise import check, check_function   # notebooks/_exercise.py
+from _exercise import Hint, check, check_function, hint  # notebooks/_exercise.py
 
 rng = np.random.default_rng(0)
 
@@ -225,7 +236,9 @@ check("4", dict(cow=cow, in_use=in_use),
 #
 # The check builds 20 random states in a real cache (a prompt forked into several
 # samples, some of which have written already), runs `allocate_slots` there and your
-# function here, and compares the block tables and the copies.
+# function here, and compares the block tables and the copies. A wrong answer shows the
+# case first; run the check again after your next try for the idea; `hint("4b")` prints
+# code.
 
 # %% exercise 4b
 def allocate_with_cow(block_table, ref_counts, free, num_tokens, n, page_size):
@@ -269,9 +282,14 @@ class CowCase:
 r = np.random.default_rng(4)
 check_function("4b", lambda case: allocate_with_cow(*case.plain()), CowCase.package,
                [(CowCase(r),) for _ in range(20)], blank="the body of allocate_with_cow",
-               hints="first = num_tokens // P, need = ceil((num_tokens + n) / P); "
-                     "cow = [i for i in range(first, min(len(bt), need)) if "
-                     "ref_counts[bt[i]] > 1]; pop len(cow) + max(0, need - len(bt)) pages.",
+               hints=Hint("only the pages this allocation writes into can need a copy: "
+                          "from the page holding token num_tokens to the last page the new "
+                          "tokens reach, those already in the table with more than one "
+                          "holder. Copies take fresh pages before the table grows.",
+                          code="first = num_tokens // P, need = ceil((num_tokens + n) / P); "
+                               "cow = [i for i in range(first, min(len(bt), need)) if "
+                               "ref_counts[bt[i]] > 1]; pop len(cow) + max(0, need - "
+                               "len(bt)) pages."),
                done="The copy happens inside the allocation, before any write: the kernel "
                     "never sees a shared page it could corrupt.")
 

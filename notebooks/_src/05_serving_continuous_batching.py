@@ -27,10 +27,12 @@
 #
 # **What you will be able to do:** work out what each engine step computes under the two
 # budgets; predict and write the preempt-newest loop, checked against the scheduler;
-# explain recompute against swap; say where batching saves (the weights, read once per
-# step) and where it does not (each sequence's KV); read TTFT, time per output token and
-# inter-token latency off a run, and why prefill and decode are limited by different
-# things.
+# explain recompute against swap, and why recompute gives the same tokens only with
+# batch-invariant kernels; say where batching saves (the weights, read once per step)
+# and where it does not (each sequence's KV); say which pages speculative decoding's
+# rejected drafts give back; write the sampling rule that keeps drafts exact in
+# distribution, checked by a chi-square test. (Latency, TTFT, TPOT and ITL, is
+# notebook 8's.)
 
 # %%
 import numpy as np
@@ -40,7 +42,7 @@ import paged_np as pnp
 from paged_np import viz
 from paged_np.sim import simulate, workloads
 from paged_np.engine.replay import replay   # the loop the demo runs, from the library
-from _exercise import check, check_function   # notebooks/_exercise.py
+from _exercise import Hint, check, check_function, check_property, hint  # notebooks/
 
 N_REQUESTS = 24          # size knob: requests in the streams below
 N_SIM = 200              # size knob: requests in the memory-breakdown simulation
@@ -199,6 +201,23 @@ for mode, (_, o) in runs.items():               # ... and nobody's answer change
 # checked above: paging, preemption and swapping change *when* work is done, never *what*
 # is computed.
 #
+# > **Batch invariance.** "Recompute gives the same K/V, so the same text" hides an
+# > assumption. The victim's tokens are computed again in another shape of step: a
+# > prefill chunk of many rows, beside other sequences, where they were first computed
+# > one decode row at a time. The maths is the same; the floating-point sums need not
+# > be. A kernel that splits its work by the batch (split-K over a long context, a tile
+# > size chosen from the number of rows, a BLAS path picked by matrix shape) adds the
+# > same numbers in another order and gets other last bits. Then a greedy argmax that is
+# > a near tie can flip, and the texts part from there. The same text is guaranteed only
+# > with **batch-invariant** kernels, which compute a row alike whatever else is in the
+# > step. vLLM offers that as an opt-in mode, at some cost in speed (He et al.,
+# > *Defeating Nondeterminism in LLM Inference*, Thinking Machines, 2025); paged_np's
+# > Numba kernels are batch-invariant for decode and verify steps by construction
+# > (`docs/design.md`, "Batch invariance and speculative decoding"); a recompute's long
+# > prefill chunk is outside that promise. The assert above
+# > holds for this tiny model in float32 on the NumPy backend; it is a measurement of
+# > this run, not a law of recompute. Notebook 8 meets the same question on a real model.
+#
 # ## Exercise 5: who is preempted, and when?
 #
 # A cache of only **6 pages of 4 tokens**. Three requests are admitted together in the
@@ -334,6 +353,13 @@ check_function("5c", lambda recipe: schedule_decodes(*engine_view(recipe)), engi
 # shared, the partly filled last one is copied on the first write (three copies: the last
 # writer keeps the original). Each sample has its own random generator, seeded by
 # `(seed, request, sample)`, so the answers differ from each other and are reproducible.
+#
+# > **vLLM V0 and V1.** Forking a sequence and copying its partial page on the first
+# > write is vLLM **V0**'s way (and paged_np's). vLLM **V1** has no copy-on-write: it
+# > turns `n = 4` into four requests with the same prompt, which share the prompt's
+# > *full* blocks through prefix caching and each compute their own partial last block;
+# > its free blocks form a FIFO queue that is also the LRU order of cached blocks, where
+# > V0 kept a free list (notebook 1). The pages saved are nearly the same.
 
 # %%
 P, G = 37, 12                                              # prompt and max_tokens
@@ -430,15 +456,18 @@ print(f"paged: {wasted_slots:.0f} slots wasted for {paged['batch_size']:.0f} run
 # A server with one user has no batch to fill, and a decode step at batch 1 is
 # **memory-bound**: to produce one token it multiplies one row by every weight matrix, so
 # it reads all the weights (513 MiB for SmolLM2-135M in float32) for 2 floating-point
-# operations per weight. A CPU or a GPU can do tens of times more arithmetic per byte than
-# that. Give the same step **1 + k rows** and the weights are still read once: the step
+# operations per weight. A CPU core can do tens of operations per byte it reads, a GPU
+# hundreds (an H100's dense bf16, about 990 TFLOP/s over 3.35 TB/s: about 300). Give the same step **1 + k rows** and the weights are still read once: the step
 # costs about one step (as long as the matrix product streams each weight once for all
 # rows), and if the k extra rows were the right next tokens, it yields up to k + 1 tokens.
 #
 # Where do good guesses come from, without a second model? **Prompt lookup** (vLLM's
-# `speculative_config={"method": "ngram"}`): find the latest earlier place where the
-# context's last n tokens occur (n from `prompt_lookup_max` down to `prompt_lookup_min`),
-# and propose the k tokens that followed it there. A request that copies (repeat this
+# `speculative_config={"method": "ngram"}`): find an earlier place where the context's
+# last n tokens occur, trying the longest n first (from `prompt_lookup_max` down to
+# `prompt_lookup_min`), and propose the k tokens that followed it there. Which place, if
+# the n-gram occurs more than once? vLLM takes its **earliest** occurrence; paged_np takes
+# the **latest** (the most recent copy is the likelier one to be continued), a choice of
+# its own, so the two can draft differently on the same context. A request that copies (repeat this
 # paragraph, fix its typos, rename a variable in this function) is full of such places.
 # (Right after the model departs from the text, say to fix a typo, no n-gram recurs for
 # a few tokens; paged_np then also looks for the model's last token just past where it
@@ -558,6 +587,128 @@ check("5b", dict(written_after=written_after, freed=freed),
            f"{', '.join(f'L{i}' for i in range(kept, grown))} held only rejected drafts.")
 
 # %% [markdown]
+# ## Sampling with drafts: the acceptance rule
+#
+# Greedy verification keeps a draft when it equals the model's argmax. With sampling
+# (`temperature > 0`) there is no single right token: the model gives a distribution `p`
+# over the vocabulary, and plain decoding draws from it. A draft `d` was itself drawn
+# from a distribution `q` (a draft model's; for prompt lookup, a point mass on `d`). The
+# rule of Leviathan et al. and Chen et al. (2023) keeps the output **exactly** distributed
+# as `p`, whatever `q` is:
+#
+# - keep `d` with probability `min(1, p(d) / q(d))`;
+# - if it is rejected, draw instead from the **residual** `max(0, p - q)`, normalised.
+#
+# Why it is exact: token `x` comes out either as an accepted draft, with probability
+# `q(x) min(1, p(x)/q(x)) = min(p(x), q(x))`, or from the residual after a rejection. A
+# rejection happens with probability `1 - sum_y min(p(y), q(y)) = sum_y max(0, p(y) - q(y))`,
+# which is exactly the residual's normalising sum, so the second way gives
+# `max(0, p(x) - q(x))`. The two add up to `min(p, q) + max(0, p - q) = p(x)`. Where the
+# draft model over-proposes a token (`q > p`), the test takes some of it away; the
+# residual gives it back where `q` under-proposed. `paged_np.engine.rejection` applies
+# this row by row, stopping at the first rejection.
+#
+# ## Exercise 5d: the rule, yours, tested by its distribution
+#
+# Write `accept_probability(p, q, d)` (the probability of keeping draft `d`) and
+# `residual(p, q)` (the distribution, `[V]`, summing to 1, drawn from after a rejection).
+# The check does not compare your numbers with the package's: it **samples**. For four
+# pairs of `p` and `q` (one a point mass, as prompt lookup's drafts are) it draws 40,000
+# tokens by speculation with your two functions and 40,000 by plain sampling from `p`,
+# and runs a chi-square test of the two counts: if they differ by more than chance allows
+# (at the 0.1% level), your rule changes the distribution, and the check shows the token
+# that moved most.
+
+# %% exercise 5d
+def accept_probability(p, q, d):
+    """p, q: [V] target and draft distributions; d: the draft -> P(keep d), a float."""
+    raise NotImplementedError        # your code here (one line)
+
+
+def residual(p, q):
+    """p, q: [V] -> [V], the distribution to draw from when the draft is rejected."""
+    raise NotImplementedError        # your code here (two lines)
+
+# %% check 5d
+from statistics import NormalDist
+
+N_DRAWS = 40_000
+
+
+def chi_square(a, b):
+    """Two count vectors [V]: the chi-square statistic of homogeneity, and its degrees of
+    freedom (tokens neither sample drew are left out)."""
+    keep = (a + b) > 0
+    a, b = a[keep], b[keep]
+    expected_a = (a + b) * a.sum() / (a.sum() + b.sum())
+    expected_b = (a + b) - expected_a
+    stat = (((a - expected_a) ** 2 / expected_a) + ((b - expected_b) ** 2 / expected_b)).sum()
+    return float(stat), int(keep.sum()) - 1
+
+
+def critical(df, alpha=0.001):
+    """The chi-square value exceeded with probability alpha (Wilson-Hilferty)."""
+    z = NormalDist().inv_cdf(1 - alpha)
+    return df * (1 - 2 / (9 * df) + z * np.sqrt(2 / (9 * df))) ** 3
+
+
+def speculative_counts(accept, resid, p, q, seed):
+    """N_DRAWS tokens drawn by speculation with these two functions: counts [V]."""
+    r = np.random.default_rng(seed)
+    V = len(p)
+    a = np.array([float(accept(p, q, d)) if q[d] > 0 else 0.0          # [V] P(keep d),
+                  for d in range(V)])                                 # for d ~ q only
+    res = np.asarray(resid(p, q), dtype=np.float64)                     # [V]
+    if a.shape != (V,) or res.shape != (V,) or not (0 <= a).all() or not (a <= 1 + 1e-9).all():
+        raise ValueError(f"accept_probability must be in [0, 1] and residual [V]; got "
+                         f"{np.round(a, 3)} and shape {res.shape}")
+    if (res < 0).any() or not np.isclose(res.sum(), 1.0):
+        raise ValueError(f"residual must be a distribution (>= 0, sum 1); sums to {res.sum():.4f}")
+    drafts = r.choice(V, size=N_DRAWS, p=q)                             # [N] d ~ q
+    kept = r.random(N_DRAWS) < a[drafts]                                # [N] the test
+    out = np.where(kept, drafts, r.choice(V, size=N_DRAWS, p=res))      # [N] else resample
+    return np.bincount(out, minlength=V)
+
+
+def distribution_test(accept, resid, p, q, seed):
+    """None if speculation with these functions draws as plain sampling from p does;
+    else how it differs."""
+    spec = speculative_counts(accept, resid, p, q, seed)
+    plain = np.bincount(np.random.default_rng(seed + 1).choice(len(p), size=N_DRAWS, p=p),
+                        minlength=len(p))                               # no drafts
+    stat, df = chi_square(spec, plain)
+    if stat <= critical(df):
+        return None
+    x = int(np.argmax(np.abs(spec - plain)))
+    return (f"your rule draws another distribution (chi-square {stat:.0f}, more than the "
+            f"{critical(df):.0f} chance allows at 0.1%): token {x} comes "
+            f"{spec[x] / N_DRAWS:.1%} of the time with your rule, {plain[x] / N_DRAWS:.1%} "
+            f"without drafts (p = {p[x]:.1%}, q = {q[x]:.1%})")
+
+
+def pq_case(r, point_mass=False, V=8):
+    p = r.dirichlet(np.ones(V))
+    q = np.eye(V)[int(r.integers(V))] if point_mass else r.dirichlet(np.ones(V) * 0.5)
+    return p, q, int(r.integers(1 << 30))
+
+
+r = np.random.default_rng(8)
+cases = [pq_case(r), pq_case(r), pq_case(r, point_mass=True), pq_case(r)]
+check_property("5d", lambda p, q, seed: distribution_test(accept_probability, residual,
+                                                          p, q, seed),
+               cases, blank="accept_probability and residual",
+               describe=lambda p, q, seed: f"p={np.round(p, 2).tolist()}, "
+                                           f"q={np.round(q, 2).tolist()}",
+               hints=Hint("an accepted draft gives token x with probability min(p(x), q(x)); "
+                          "the residual must make up exactly what is missing, p(x) - "
+                          "min(p(x), q(x)), and be a distribution.",
+                          code="accept: min(1.0, p[d] / q[d]); residual: r = np.maximum(p - "
+                               "q, 0.0); return r / r.sum()"),
+               done=f"{N_DRAWS:,} draws each, indistinguishable from sampling without "
+                    "drafts: speculation changes the speed, never the distribution. "
+                    "paged_np.engine.rejection.rejection_sample applies the same rule.")
+
+# %% [markdown]
 # **Try it:** make the roomy cache smaller (48, 32 pages) and watch the preemptions
 # appear; raise `max_num_batched_tokens` in the first example and see the chunks vanish;
 # set `N_SIM = 1000` for the full simulation; give the speculative run 8 drafts
@@ -578,7 +729,17 @@ check("5b", dict(written_after=written_after, freed=freed),
 #    <details><summary>answer</summary>Recompute drops the KV and prefills again (partly
 #    saved by prefix hits on its own cached pages); swap copies the pages to host memory
 #    and back, computing nothing twice.</details>
-# 4. Does a bigger batch share the KV reads of a decode step?
+# 4. A draft model proposes token `d` with `q(d) = 0.5`; the target gives it `p(d) = 0.2`.
+#    How often is it kept, and where does the rest of the probability go?
+#    <details><summary>answer</summary>40% of the time (`min(1, 0.2 / 0.5)`); after a
+#    rejection the token is drawn from `max(0, p - q)` normalised, which never gives `d`
+#    again (there `p < q`) and restores the tokens the draft model under-proposed.
+#    </details>
+# 5. Why can recomputing a preempted request change greedy text on some engines?
+#    <details><summary>answer</summary>The recompute runs the tokens in another batch
+#    shape (a prefill chunk); kernels that are not batch-invariant sum in another order,
+#    the last bits of the logits move, and a near tie in the argmax can flip.</details>
+# 6. Does a bigger batch share the KV reads of a decode step?
 #    <details><summary>answer</summary>No: each sequence reads its own KV. It shares the
 #    weights' read, once per step for the whole batch.</details>
 #

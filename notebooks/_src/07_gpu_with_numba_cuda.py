@@ -79,8 +79,11 @@ ax.set_xlabel(f"rows = queries x {group} heads of a group (one box = one thread 
 # %% [markdown]
 # ## Inside a block: which thread touches which data
 #
-# A block has `THREADS = ROWS x TILE_N` threads (128: four **warps** of 32 that run in
-# lock-step). The kernel gives each thread a different job in each phase of a key tile;
+# A block has `THREADS = ROWS x TILE_N` threads (128: four **warps** of 32). Only a
+# warp's 32 threads run in lock-step, one instruction for all of them; the four warps
+# are scheduled independently and meet only at `cuda.syncthreads()`, which is why the
+# kernel needs a barrier between phases. The kernel gives each thread a different job in
+# each phase of a key tile;
 # here are the lines that decide it, from the kernel's source:
 
 # %%

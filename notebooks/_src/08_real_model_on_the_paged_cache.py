@@ -62,7 +62,10 @@ def chat_of(question):
 # ## 1. The arena, sized from a memory budget
 #
 # `pnp.LLM(kv_cache_memory="64MiB")` turns bytes into pages once, at start-up, as
-# vLLM's `gpu_memory_utilization` does. One page holds K and V of `page_size` tokens in
+# vLLM's `kv_cache_memory_bytes` does. (vLLM's more common knob,
+# `gpu_memory_utilization`, is a fraction of the whole GPU, from which vLLM subtracts
+# the weights and the activations it profiled; what is left becomes KV blocks.) One page
+# holds K and V of `page_size` tokens in
 # every layer and kv head, float32:
 #
 # `2 (K, V) x layers x kv heads x page_size x head_dim x 4 bytes`.
@@ -194,6 +197,17 @@ for a, b in zip(roomy, tight):
 assert tight == roomy and m_tight["preemptions"] > 0 and m_roomy["preemptions"] == 0
 
 # %% [markdown]
+# The same text, here. That is a fact about these kernels, not about recompute in
+# general (notebook 5's **batch invariance**): the preempted chat's tokens were
+# recomputed in a prefill chunk, beside other chats, where they were first computed one
+# decode row at a time. The same K/V come back only if every kernel computes a row the
+# same whatever else shares the step. Float sums in another order differ in the last
+# bits, and with 49,152 logits a near tie at the top is not rare: one flipped argmax and
+# the texts part. vLLM offers a batch-invariant mode for this reason; paged_np's kernels
+# are batch-invariant for decode and verify steps (`docs/design.md`). Run this cell's
+# comparison as a measurement, not a proof.
+
+# %% [markdown]
 # ## 5. Where a decode step spends its time
 #
 # We time attention inside the model's forward (a wrapper around the kernel the model
@@ -267,10 +281,9 @@ assert mm_flops > att_flops and mm_bytes > att_bytes
 #
 # ## 6. Three classic mistakes, on real text
 #
-# A popular blog post that implements paged attention from scratch makes three mistakes
-# that are easy to make and hard to see on random data. Each is written below as a small
-# wrong kernel or policy, switched in on purpose, and run on the real model beside the
-# right one.
+# Three mistakes are easy to make in a paged attention written from scratch, and hard to
+# see on random data. Each is written below as a small wrong kernel or policy, switched in
+# on purpose, and run on the real model beside the right one.
 #
 # 1. **Per-page softmax**: it softmaxes each page's scores on its own and adds the
 #    pages' outputs. Each page's weights sum to 1, so a sequence of 4 pages gets
@@ -279,12 +292,14 @@ assert mm_flops > att_flops and mm_bytes > att_bytes
 # 2. **Slice by the query's length**: it keeps `k_page[:n_q]` of each page, the number
 #    of query tokens, instead of the number of tokens the page holds. A prefill chunk
 #    longer than a page hides it; in decode (`n_q = 1`) each page shows one key.
-# 3. **LRU over live pages**: when no page is free, it evicts the least recently
-#    allocated page, even one a running sequence still reads.
+# 3. **Evicting live pages**: when no page is free, it takes the page allocated first
+#    (first in, first out, over *every* page), even one a running sequence still reads.
+#    Any order over live pages would be as wrong, LRU included: what must never be
+#    evicted is a page someone still holds (`ref_count > 0`).
 
 # %%
-def blog_attention(mistake):
-    """Blog-style paged attention with mistake 1 or 2 (0: none); the package's
+def wrong_attention(mistake):
+    """A from-scratch paged attention with mistake 1 or 2 (0: none); the package's
     signature, so the model can call it."""
 
     def attention(q, k_pages, v_pages, block_tables=None, seq_lens=None, query_start_loc=None,
@@ -338,25 +353,26 @@ for n_q in (20, 1):                                      # a prefill chunk, then
     qq = rng.standard_normal((2 * n_q, cfg.num_heads, cfg.head_dim), dtype=np.float32)
     args = (qq, kp, vp, bt, lens, np.array([0, n_q, 2 * n_q], np.int32))
     want = pnp.paged_attention(*args, backend="numpy")
-    err = [np.abs(blog_attention(m)(*args) - want).max() for m in (0, 1, 2)]
+    err = [np.abs(wrong_attention(m)(*args) - want).max() for m in (0, 1, 2)]
     print(f"n_q = {n_q:2d}: max error of mistakes 0, 1, 2:",
           ", ".join(f"{e:.1e}" for e in err))
     assert err[0] < 1e-4 and err[1] > 0.1
 
 # %% [markdown]
 # Mistake 3 lives in the page pool. The wrong pool below keeps the real pool's
-# bookkeeping but, when nothing is free or cached, hands out the least recently
-# allocated page *in use* (and claims it always has pages, so the scheduler never
-# preempts). Both owners then write into the same page.
+# bookkeeping but, when nothing is free or cached, hands out the page *in use* that was
+# allocated first (first in, first out; and it claims it always has pages, so the
+# scheduler never preempts). Both owners then write into the same page.
 
 # %%
-def blog_pool(pool):
-    """Switch ``pool`` (a PagePool) to the blog's eviction: LRU over every page."""
+def wrong_pool(pool):
+    """Switch ``pool`` (a PagePool) to the wrong eviction: FIFO over every page, live
+    ones included."""
 
-    class BlogPool(type(pool)):
+    class WrongPool(type(pool)):
         @property
         def num_available(self):
-            return self.num_pages             # "there is always an LRU page"
+            return self.num_pages             # "there is always a page to take"
 
         def allocate(self, seq_id=None):
             if self.num_free or self.prefix_index.num_evictable:
@@ -367,7 +383,7 @@ def blog_pool(pool):
             self.order = [x for x in self.order if x != p] + [p]
             return p
 
-    pool.__class__ = BlogPool
+    pool.__class__ = WrongPool
     pool.order = []
     return pool
 
@@ -418,13 +434,13 @@ def drift(right, wrong):
 
 
 right = serve(64)                    # the package's kernel and pool: the reference
-runs = {"1 per-page softmax": serve(64, kernel=blog_attention(1))}
+runs = {"1 per-page softmax": serve(64, kernel=wrong_attention(1))}
 
 # %%
-runs["2 slice by n_q"] = serve(64, kernel=blog_attention(2))
+runs["2 slice by n_q"] = serve(64, kernel=wrong_attention(2))
 
 # %%
-runs["3 LRU evicts live pages"] = serve(8, pool=blog_pool)  # section 4's tight arena
+runs["3 FIFO evicts live pages"] = serve(8, pool=wrong_pool)  # section 4's tight arena
 
 # %%
 moved = {name: drift(right, r) for name, r in runs.items()}

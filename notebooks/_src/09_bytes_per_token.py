@@ -4,8 +4,8 @@
 # To decode one token, a model multiplies one vector by every weight matrix it has.
 # Each weight is read from memory once and used for one multiply-add: 2 flops per
 # weight read. A CPU core does tens of flops in the time it takes to read one float
-# from memory, so decode at batch 1 waits on memory, not on arithmetic, and its speed
-# limit is
+# from memory, a GPU hundreds (an H100's dense bf16: about 300 per byte), so decode at
+# batch 1 waits on memory, not on arithmetic, and its speed limit is
 #
 # `tokens/s <= read bandwidth (bytes/s) / weight bytes read per token`.
 #
@@ -14,6 +14,15 @@
 # its embedding as **Q8_0** (8 bits, one scale per 32): about 96 MB instead of 513 MiB of
 # float32. This notebook opens one block of that file byte by byte, measures the error
 # each format makes on real weights, and times decode against the bound.
+#
+# **What you need:** notebook 6 (arithmetic intensity, the roofline's bandwidth roof) and
+# notebook 8 (SmolLM2 through `pnp.LLM`); bits and bytes in NumPy (`view`, `&`, `>>`).
+# The model file (98 MB) is fetched once if notebook 8 has not fetched it.
+#
+# **What you will be able to do:** bound batch-1 decode speed by bytes over bandwidth;
+# read a Q4_1 block byte by byte and dequantize it by hand, checked against the package;
+# say what the scales and minimums cost in bits per weight and what each format's
+# rounding costs in error; explain why a quantized kernel can stop short of its bound.
 
 # %%
 import time
@@ -152,3 +161,24 @@ plt.show()
 # Q4_1 unpacks two weights per byte and converts them to floats, work that float32 BLAS
 # never does. `python -m paged_np bench --model smollm2-135m-instruct` measures the whole
 # decode step against llama.cpp on the same file (`benchmarks/model_quant.md`).
+#
+# ## Self-check
+#
+# 1. A model has 135 M weights. At batch 1, how many tokens per second can a machine with
+#    20 GB/s of read bandwidth decode in float32, and in Q4_1 (5 bits a weight)?
+#    <details><summary>answer</summary>At most 20e9 / (135e6 x 4) = 37 in float32 and
+#    20e9 / (135e6 x 5 / 8) = 237 in Q4_1: each token reads every weight once.</details>
+# 2. Why does a larger batch not help this bound the same way a smaller format does?
+#    <details><summary>answer</summary>It does help, differently: a batch of B reads the
+#    weights once for B tokens, so tokens per second rise until the arithmetic or the
+#    KV reads limit it. A smaller format helps batch 1 too, where no batch exists to share
+#    the read.</details>
+# 3. A Q4_1 block's scale is 0.01 and its minimum -0.07. Which weight does a nibble of
+#    0x9 stand for?
+#    <details><summary>answer</summary>w = d x q + m = 0.01 x 9 - 0.07 = 0.02.</details>
+# 4. Q4_0 has 4.5 bits a weight and Q4_1 5. What does the extra half bit buy?
+#    <details><summary>answer</summary>A minimum per block, so the 16 levels span the
+#    block's own range rather than one symmetric around zero: less error on blocks that
+#    are not centred on zero.</details>
+#
+# **Next:** notebook 10 quantizes the other big reader of memory, the KV pages.

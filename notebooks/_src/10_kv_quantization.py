@@ -10,6 +10,15 @@
 #
 # `kv_cache_dtype` (vLLM's name) picks the format: `"auto"` (float32), `"float16"`,
 # `"int8"` or `"fp8_e4m3"`.
+#
+# **What you need:** notebook 6 (why decode is bound by the bytes it reads) and notebook
+# 8 (the engine on a real model); notebook 9's idea of a scale helps.
+#
+# **What you will be able to do:** quantize a page of K or V to int8 by hand, with one
+# scale per token, checked against the package; say why the granularity of the scale
+# matters when a few channels are large; tell int8's flat error from fp8's relative one;
+# count what 8-bit pages buy in capacity and cost in attention error; say how vLLM's
+# fp8 cache differs from paged_np's in where its scales live.
 
 # %%
 from pathlib import Path
@@ -18,8 +27,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import paged_np as pnp
+from paged_np.attention.reference import dense_attention
 from paged_np.cache.kv_quant import FP8_E4M3, dequantize, quantize
-from _exercise import check              # notebooks/_exercise.py: checks your answers
+from _exercise import Hint, check, hint  # notebooks/_exercise.py: checks your answers
 
 rng = np.random.default_rng(0)
 BENCHMARKS = Path(pnp.__file__).resolve().parents[1] / "benchmarks"   # committed tables
@@ -29,7 +39,11 @@ BENCHMARKS = Path(pnp.__file__).resolve().parents[1] / "benchmarks"   # committe
 #
 # An 8-bit number has 256 values, so a K or V row must be *scaled* into their range
 # first. paged_np keeps one float32 **scale per token and kv head**: the `head_dim`
-# values one token writes for one kv head share it. Symmetric quantization, int8:
+# values one token writes for one kv head share it. (vLLM does not: its fp8 KV cache
+# keeps one scale per *tensor*, a `k_scale` and a `v_scale` per layer, calibrated ahead
+# of time or left at 1.0, and some of its attention backends one per kv head; no token
+# stores a scale of its own. Coarser scales cost no bytes per token; a token's scale
+# fits its own values.) Symmetric quantization, int8:
 #
 # ```
 # scale = max(|x|) / 127        # the row's largest value becomes +-127
@@ -129,7 +143,7 @@ def attention_error(fmt, n=300, heads=(8, 2), d=64, ps=16):
     ks, vs = cache.layer_scales(0)
     out = pnp.paged_attention(q, kp, vp, b.block_tables, b.seq_lens, k_scales=ks,
                               v_scales=vs, backend="numpy")
-    ref, _ = pnp.attention.reference.dense_attention(q, k, v, dtype=np.float32)
+    ref, _ = dense_attention(q, k, v, dtype=np.float32)
     return float(np.abs(out - ref[-1:]).max() / np.abs(ref).max())
 
 errors = {f: attention_error(f) for f in formats}
@@ -195,8 +209,38 @@ check("10", dict(codes=got[0] if ok_shape else got, scales=got[1] if ok_shape el
                  worst=worst),
       dict(codes=want_codes, scales=want_scales,
            worst=float(np.abs(dequantize(want_codes, want_scales) - page).max())),
-      hints=dict(codes="np.rint(page / scales[:, None]), then .astype(np.int8)",
-                 scales="one per row: np.abs(page).max(axis=1) / 127",
-                 worst="dequantize: codes * scales[:, None], then compare with page"),
+      hints=dict(codes=Hint("each value divided by its own token's scale, rounded to "
+                            "the nearest integer, stored as int8.",
+                            code="np.rint(page / scales[:, None]).astype(np.int8)"),
+                 scales=Hint("one scale per token (a row of the page): the row's largest "
+                             "magnitude maps to 127.",
+                             code="np.abs(page).max(axis=1) / 127, as float32"),
+                 worst=Hint("what attention reads back is code x scale; the worst error "
+                            "is the largest distance from the page, over the whole page.",
+                            code="np.abs(codes * scales[:, None] - page).max()")),
       done="one scale per token: a page fills token by token, and no token's scale ever "
            "changes after it is written.", atol=1e-5)
+
+# %% [markdown]
+# ## Self-check
+#
+# 1. A token's K row for one kv head is `[0.5, -2.54, 1.0]`. Its int8 scale, and the code
+#    of 1.0?
+#    <details><summary>answer</summary>scale = 2.54 / 127 = 0.02; code = round(1.0 /
+#    0.02) = 50.</details>
+# 2. Why does one large channel hurt the other values of its row, and how does a finer
+#    scale help?
+#    <details><summary>answer</summary>The largest value sets the step, so every value of
+#    the row is rounded on that coarse grid; a scale per smaller group (llama.cpp's q8_0:
+#    per 32 values) gives the other groups a step of their own.</details>
+# 3. int8 or fp8 e4m3: which keeps small values better, and why?
+#    <details><summary>answer</summary>fp8: its grid is relative (8 values per power of
+#    two), so small values get small steps; int8's step is the same across the row.
+#    </details>
+# 4. Why does an 8-bit page of head_dim 64 hold 3.76x float32's tokens, not 4x?
+#    <details><summary>answer</summary>Each row pays a 4-byte float32 scale: 64 + 4 = 68
+#    bytes against 256, and 256 / 68 = 3.76.</details>
+# 5. vLLM's fp8 KV cache and paged_np's: where do the scales live?
+#    <details><summary>answer</summary>vLLM: one scale per tensor (per layer, for K and
+#    for V), or per kv head in some backends, fixed before serving. paged_np: one per
+#    token and kv head, computed as each token is written.</details>

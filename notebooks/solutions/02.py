@@ -11,16 +11,16 @@ def merge_pages(outs, lses):
     return (np.exp(lses - lse)[:, None] * outs).sum(axis=0)      # [D] mass-weighted sum
 
 # %% exercise 2b
-def online_attention(q, k_pages, v_pages, block_table, seq_len):
-    """q [D]; k_pages, v_pages [num_pages, P, D]; block_table [n_pages] -> (out [D], lse)."""
-    P, D = k_pages.shape[1:]
+def online_attention(q, pages, seq_len):
+    """q [D]; pages: (K [P, D], V [P, D]) per page, in order, once -> (out [D], lse)."""
+    D = q.shape[0]
     m, l, acc = -np.inf, 0.0, np.zeros(D)
-    for i, page in enumerate(block_table):
-        rows = min(P, seq_len - i * P)                 # the last page may be part full
-        s = k_pages[page, :rows] @ q / np.sqrt(D)      # [rows] scores
+    for i, (K, V) in enumerate(pages):
+        rows = min(K.shape[0], seq_len - i * K.shape[0])   # the last page may be part full
+        s = K[:rows] @ q / np.sqrt(D)                      # [rows] scores
         m_new = max(m, s.max())
         alpha, p = np.exp(m - m_new), np.exp(s - m_new)
         l = alpha * l + p.sum()
-        acc = alpha * acc + p @ v_pages[page, :rows]   # [D]
+        acc = alpha * acc + p @ V[:rows]                   # [D]
         m = m_new
     return acc / l, m + np.log(l)

@@ -36,3 +36,14 @@ def schedule_decodes(running, held, need, available):
         scheduled.append(r)
         i += 1
     return scheduled, preempted
+
+# %% exercise 5d
+def accept_probability(p, q, d):
+    """p, q: [V] target and draft distributions; d: the draft -> P(keep d), a float."""
+    return min(1.0, p[d] / q[d])                 # q[d] > 0: d was drawn from q
+
+
+def residual(p, q):
+    """p, q: [V] -> [V], the distribution to draw from when the draft is rejected."""
+    r = np.maximum(p - q, 0.0)                   # what the acceptance test took away
+    return r / r.sum()

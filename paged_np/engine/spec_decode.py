@@ -4,8 +4,9 @@ Prompt-lookup decoding (vLLM's ``speculative_config={"method": "ngram"}``)
 needs no second model. A request whose context ends in tokens it has seen
 before probably continues the way it did then: a summary copies a phrase of
 its document, an edit keeps most of the code it edits. So the proposer looks
-for the latest earlier occurrence of the context's last ``n`` tokens and
-proposes the tokens that followed it::
+for an earlier occurrence of the context's last ``n`` tokens (the longest ``n``
+first; of its occurrences, the latest) and proposes the tokens that followed
+it::
 
     context  ... the cat sat on the mat . the cat  ?
     n = 2          ^^^^^^^ earlier occurrence        -> drafts: sat on the mat
@@ -35,8 +36,11 @@ copied) every verify step is a wasted (1 + k)-row forward, so each request
 tracks its recent acceptance and pauses drafting when it is low
 (:class:`DraftBackoff`).
 
-Compared with vLLM: the same keys and the same "latest occurrence, longest n
-first" rule, found with NumPy instead of a KMP scan in Numba, plus the rejoin; drafts are
+Compared with vLLM: the same keys and the same "longest n first" rule, but not
+the same occurrence: vLLM takes the longest match at its *earliest* occurrence,
+this proposer at its *latest* (the most recent copy is the likelier one to be
+continued), so the two can draft differently on one context. Found with NumPy
+instead of a KMP scan in Numba, plus the rejoin; drafts are
 proposed by the scheduler when it schedules a request (vLLM proposes right
 after sampling, for the next step); no draft models, EAGLE or Medusa, but the
 acceptance function takes a general draft distribution so a draft model can
