@@ -5,8 +5,10 @@
 ``logprobs`` to report: :mod:`paged_np.engine.logprobs`). The choice
 itself is made by :func:`sample_tokens`:
 
-- ``temperature == 0`` is **greedy**: the argmax, taken for every greedy row
-  of the batch in one vectorised call;
+- ``temperature < 1e-5`` (:data:`SAMPLING_EPS`, vLLM's bound; ``0`` above all) is
+  **greedy**: the argmax, taken for every greedy row of the batch in one
+  vectorised call. (Dividing logits by a smaller temperature overflows: 1e-320
+  would make every logit infinite and sample the last token of the vocabulary.)
 - otherwise the logits are divided by the temperature, cut to the ``top_k``
   largest and then to the smallest set whose probability reaches ``top_p``,
   and one token is drawn from what is left.
@@ -29,6 +31,9 @@ import numpy as np
 
 from ..checks import check_int, check_positive_int
 from ..errors import DTypeError, InvalidArgument
+
+#: Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``).
+SAMPLING_EPS = 1e-5
 
 
 def _real(name, value):
@@ -66,7 +71,7 @@ class SamplingParams:
     Parameters
     ----------
     max_tokens : int >= 1, tokens to generate at most.
-    temperature : float >= 0; ``0`` means greedy.
+    temperature : float >= 0; ``0`` (or anything below 1e-5, as in vLLM) means greedy.
     top_k : int; keep the ``top_k`` most likely tokens (``0`` or ``-1``: all).
     top_p : float in (0, 1]; keep the smallest set of tokens whose probability
         sums to at least ``top_p`` (nucleus sampling).
@@ -130,7 +135,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < SAMPLING_EPS
 
 
 def make_rng(seed: int | None, request_index: int, sample_index: int) -> np.random.Generator:
