@@ -2,7 +2,8 @@
 
 The engine's options live in :class:`paged_np.engine.config.EngineConfig`; the server's
 own (the name it answers to, where it listens, how long it drains, the API key,
-what the dashboard may show) live here, once. Both travel the same way:
+what the dashboard may show, and the limits on what one client may make the server do)
+live here, once. Both travel the same way:
 ``python -m paged_np serve`` makes one flag per field of each
 (:func:`paged_np.cli.options.add_config_args`), builds one ``EngineConfig`` and
 one ``ServerConfig`` from what it parsed, and hands the objects down to
@@ -66,16 +67,42 @@ class ServerConfig:
     log_level: str = _option("info", "uvicorn's log level", choices=LOG_LEVELS)
     api_key: str | None = _option(
         None, "every route but /health answers 401 without 'Authorization: Bearer KEY' "
-        "(the dashboard's routes also take ?api_key=KEY)", type=str)
+        "(also read from the environment variable PAGED_NP_API_KEY, which keeps it out of the "
+        "process list; the dashboard signs in once with it and gets a cookie: the key is "
+        "never in a URL)", type=str)
     show_text: bool = _option(
-        False, "let /v1/cache and the dashboard show prompt and answer text "
-        "(otherwise token counts, pages and states only)", flags=("--dashboard-show-text",))
+        False, "put prompt and answer text into GET /v1/cache and its stream (the dashboard "
+        "page never draws text; off: token counts, pages and states only)",
+        flags=("--dashboard-show-text",))
     open_browser: bool = _option(
         False, "open the dashboard (/dashboard) in the browser once the server listens",
         flags=("--open",))
     max_n: int | None = _option(
         None, "most samples one request may ask for (None: the engine's max_num_seqs)",
         type=int)
+
+    # ---- limits: what one client may make the server do (docs/serving-http.md, "Limits")
+    max_body_bytes: int | None = _option(
+        None, "largest request body, in bytes; a bigger one is answered 413 before it is read "
+        "(None: 1 MiB + 6 bytes per character of --max-prompt-chars)", type=int)
+    max_prompt_chars: int | None = _option(
+        None, "longest prompt text, in characters, refused (400) before it is tokenized "
+        "(None: max_model_len x the vocabulary's longest token, so no prompt that fits the "
+        "context is refused)", type=int)
+    max_stop: int = _option(4, "most stop strings one request may give (OpenAI's limit)",
+                            type=int)
+    max_stop_chars: int = _option(256, "longest stop string, in characters", type=int)
+    max_logprob_entries: int = _option(
+        1 << 18, "most logprobs one request may ask for: n x max_tokens x (top_logprobs + 1)",
+        type=int)
+    max_cache_streams: int = _option(
+        32, "most GET /v1/cache/stream readers at once; one more is answered 503 "
+        "(its dashboard then reads /v1/cache once a second)", type=int)
+    dashboard_session_s: float = _option(
+        12 * 3600.0, "how long a dashboard sign-in (its cookie) lasts, in seconds",
+        type=float, metavar="SECONDS")
+    max_dashboard_sessions: int = _option(
+        64, "most dashboard sign-ins kept at once (one more drops the oldest)", type=int)
 
     def __post_init__(self):
         for name in ("served_model_name", "api_key"):
@@ -94,9 +121,19 @@ class ServerConfig:
                 raise DTypeError(f"ServerConfig.{name} must be a bool, got "
                                  f"{type(value).__name__}")
             object.__setattr__(self, name, bool(value))
-        if self.max_n is not None:
-            object.__setattr__(self, "max_n", check_positive_int("ServerConfig.max_n",
-                                                                 self.max_n))
+        for name in ("max_n", "max_body_bytes", "max_prompt_chars"):   # None: sized later
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, check_positive_int(f"ServerConfig.{name}",
+                                                                  getattr(self, name)))
+        for name in ("max_stop_chars", "max_logprob_entries", "max_cache_streams",
+                     "max_dashboard_sessions"):
+            object.__setattr__(self, name, check_positive_int(f"ServerConfig.{name}",
+                                                              getattr(self, name)))
+        object.__setattr__(self, "max_stop", check_int("ServerConfig.max_stop", self.max_stop, 0))
+        session = _check_seconds("dashboard_session_s", self.dashboard_session_s)
+        if session == 0:
+            raise InvalidArgument("ServerConfig.dashboard_session_s must be > 0, got 0")
+        object.__setattr__(self, "dashboard_session_s", session)
 
     @classmethod
     def from_options(cls, config: ServerConfig | None = None, /, **options) -> ServerConfig:
@@ -121,6 +158,10 @@ def _check_text(name: str, value) -> None:
     if not isinstance(value, str):
         raise DTypeError(f"ServerConfig.{name} must be a str, got {type(value).__name__}")
     if not value.strip():
+        if name == "api_key":                            # a guard that guards nothing
+            raise InvalidArgument("ServerConfig.api_key must not be empty: give a key "
+                                  "(--api-key KEY or PAGED_NP_API_KEY=KEY), or none at all "
+                                  "to serve without one")
         raise InvalidArgument(f"ServerConfig.{name} must not be empty")
 
 
