@@ -143,16 +143,31 @@ def test_api_key_guards_every_route(model_tok):
             assert status(srv.url, method, path, body) == 401, path
             assert status(srv.url, method, path, body, {"Authorization": "Bearer nope"}) == 401
             assert status(srv.url, method, path, body, good) == 200, path
-        # A browser's page and EventSource cannot set headers: the key in the URL.
+        # A browser's page and EventSource cannot set headers: the dashboard signs in
+        # once (a form posts the key) and reads on with a session cookie, never the key.
         for path in ("/dashboard", "/v1/cache", "/v1/cache/stream"):
-            assert status(srv.url, "GET", path, None, params={"api_key": "sesame"}) == 200
-            assert status(srv.url, "GET", path, None, params={"api_key": "nope"}) == 401
-        assert status(srv.url, "GET", "/v1/models", None, params={"api_key": "sesame"}) == 401
+            assert status(srv.url, "GET", path, None, params={"api_key": "sesame"}) == 401
+        login = httpx.post(srv.url + "/dashboard/login", data={"api_key": "sesame"},
+                           timeout=10)
+        assert login.status_code == 303 and login.headers["location"] == "/dashboard"
+        cookie = login.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "sesame" not in cookie
+        session = {"Cookie": cookie.split(";")[0]}
+        for path in ("/dashboard", "/v1/cache", "/v1/cache/stream"):
+            assert status(srv.url, "GET", path, None, session) == 200, path
+        for method, path, body in ROUTES[:4]:               # the session opens nothing else
+            assert status(srv.url, method, path, body, session) == 401, path
+        assert status(srv.url, "GET", "/v1/cache", None,
+                      {"Cookie": "paged_np_session=forged"}) == 401
+        wrong = httpx.post(srv.url + "/dashboard/login", data={"api_key": "nope"},
+                           headers={"Accept": "text/html"}, timeout=10)
+        assert wrong.status_code == 401 and "refused" in wrong.text
+        assert "set-cookie" not in wrong.headers
         r = httpx.get(srv.url + "/v1/cache", timeout=10)
         assert r.json()["error"]["code"] == "invalid_api_key"
         assert r.headers["www-authenticate"] == "Bearer"
         page = httpx.get(srv.url + "/dashboard", headers={"Accept": "text/html"}, timeout=10)
-        assert page.status_code == 401 and "api_key" in page.text   # it asks for the key
+        assert page.status_code == 401 and 'method="post"' in page.text  # it asks, by POST
         assert status(srv.url, "GET", "/health", None) == 200       # probes stay open
         assert status(srv.url, "GET", "/nowhere", None) == 401      # no map of routes
         assert status(srv.url, "GET", "/nowhere", None, good) == 404

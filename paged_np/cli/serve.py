@@ -14,9 +14,13 @@ and exits.
 
 ``--open`` opens ``/dashboard`` (the cache, live) in your browser once the server
 listens. ``--api-key KEY`` (vLLM's flag) makes every route but ``/health`` answer
-401 without ``Authorization: Bearer KEY`` (the dashboard's routes also take
-``?api_key=KEY``). The dashboard shows token counts, pages and states; only
-``--dashboard-show-text`` adds the prompts' and answers' text to ``/v1/cache``.
+401 without ``Authorization: Bearer KEY``; ``PAGED_NP_API_KEY=KEY`` in the
+environment does the same and keeps the key out of the process list (the flag
+wins when both are given; an empty key is refused). The dashboard signs in once
+with the key and reads on with a session cookie. It shows token counts, pages and
+states; only ``--dashboard-show-text`` adds the prompts' and answers' text to
+``/v1/cache``. The limits on what one request may ask for (``--max-body-bytes``,
+``--max-stop`` ...) are ServerConfig fields too (docs/serving-http.md, "Limits").
 
 Every :class:`~paged_np.EngineConfig` field and every
 :class:`~paged_np.server.ServerConfig` field is a flag (``--help`` lists them,
@@ -29,7 +33,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 
+from ..server.auth import API_KEY_ENV
 from ..server.config import ServerConfig
 from . import kv_capacity_line
 from .options import (
@@ -90,9 +96,22 @@ def build_llm(args, config=None):
     return llm
 
 
-def server_config(args, parser=None) -> ServerConfig:
+def server_config(args, parser=None, environ=None) -> ServerConfig:
     """The :class:`ServerConfig` the flags describe; the model's name is ``--model``'s
-    unless ``--served-model-name`` says otherwise."""
+    unless ``--served-model-name`` says otherwise, and the API key is
+    ``PAGED_NP_API_KEY``'s unless ``--api-key`` gives one (an empty one is refused,
+    as an empty flag is)."""
+    environ = os.environ if environ is None else environ
+    if args.api_key is None and API_KEY_ENV in environ:
+        if not environ[API_KEY_ENV].strip():
+            message = (f"{API_KEY_ENV} is set but empty: give a key, or unset it to serve "
+                       "without one")
+            if parser is not None:
+                parser.error(message)
+            from ..errors import InvalidArgument
+
+            raise InvalidArgument(message)
+        args = argparse.Namespace(**{**vars(args), "api_key": environ[API_KEY_ENV]})
     config = config_from_args(ServerConfig, args, parser)
     return dataclasses.replace(config, served_model_name=config.served_model_name or args.model)
 

@@ -9,7 +9,8 @@ tree, the queues and a few counters over time. It shows token counts, pages and
 states, never prompt or answer text.
 
 The shell itself holds no data: with ``--api-key`` the page asks for the key when
-``/v1/cache`` answers 401 and keeps it in the tab (``sessionStorage``).
+``/v1/cache`` answers 401, posts it once to ``/dashboard/login`` and reads on with
+the session cookie that answers (:mod:`.auth`); the key is kept nowhere.
 
 Served as one response (the stylesheet and the script inlined), so the page is a
 single request however the server guards its other paths; opened from disk, the

@@ -3,7 +3,6 @@
 // pages that changed). No framework: one state object, one render() per animation frame.
 "use strict";
 
-const KEY_STORE = "paged_np_api_key";
 const HISTORY_S = 300;                 // sparklines: the last five minutes, one point a second
 const LIST_MAX = 60;                   // chips shown in the LRU and waiting lists
 
@@ -14,26 +13,14 @@ let pendingEvicted = new Set();        // pages evicted since the last render: a
 let cells = [];                        // the arena's <div>s, by page id
 let es = null, pollTimer = null, frame = 0;
 
-// ---- the API key (only with `serve --api-key`): from ?api_key= once, then this tab's storage
-function apiKey() { return sessionStorage.getItem(KEY_STORE) || ""; }
-(function keyFromUrl() {
-  const url = new URL(location.href);
-  const k = url.searchParams.get("api_key");
-  if (k) {                              // keep it in the tab, out of the address bar
-    sessionStorage.setItem(KEY_STORE, k);
-    url.searchParams.delete("api_key");
-    replaceUrl(url);
-  }
-})();
-function replaceUrl(url) { try { window.history.replaceState(null, "", url); } catch (e) { /* file:// */ } }
-
+// ---- the API key (only with `serve --api-key`): posted once to /dashboard/login, which
+// answers with a session cookie (HttpOnly: this script never sees it). The browser then
+// sends the cookie with every read below; the key is kept nowhere and never in a URL.
 function setStatus(s) { const el = byId("status"); el.textContent = s; el.dataset.status = s; }
 function byId(id) { return document.getElementById(id); }
 
 async function fetchSnapshot() {
-  const k = apiKey();
-  const r = await fetch("/v1/cache", { headers: k ? { Authorization: "Bearer " + k } : {},
-                                       cache: "no-store" });
+  const r = await fetch("/v1/cache", { cache: "no-store" });
   if (r.status === 401) { const e = new Error("unauthorized"); e.status = 401; throw e; }
   if (!r.ok) throw new Error("GET /v1/cache: " + r.status);
   return r.json();
@@ -45,9 +32,17 @@ function askForKey(wrong) {
   byId("key-error").textContent = wrong ? "That key was refused; try again." : "";
   byId("api-key-input").focus();
 }
-byId("key-form").addEventListener("submit", (ev) => {
+byId("key-form").addEventListener("submit", async (ev) => {
   ev.preventDefault();
-  sessionStorage.setItem(KEY_STORE, byId("api-key-input").value.trim());
+  const key = byId("api-key-input").value.trim();
+  byId("api-key-input").value = "";
+  let ok = false;
+  try {
+    const r = await fetch("/dashboard/login", { method: "POST",
+                                                body: new URLSearchParams({ api_key: key }) });
+    ok = r.ok;
+  } catch (e) { /* the server is gone: ask again */ }
+  if (!ok) { askForKey(true); return; }
   byId("key-dialog").hidden = true;
   start(true);
 });
@@ -62,8 +57,7 @@ async function start(afterKey) {
     setStatus("error"); setTimeout(() => start(false), 2000); return;
   }
   if (!window.EventSource) { poll(); return; }
-  const k = apiKey();
-  es = new EventSource("/v1/cache/stream" + (k ? "?api_key=" + encodeURIComponent(k) : ""));
+  es = new EventSource("/v1/cache/stream");      // the session cookie goes with it
   let opened = false;
   es.addEventListener("snapshot", (ev) => { opened = true; setStatus("live"); setSnapshot(JSON.parse(ev.data)); });
   es.addEventListener("update", (ev) => { opened = true; setStatus("live"); applyUpdate(JSON.parse(ev.data)); });
