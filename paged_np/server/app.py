@@ -1,13 +1,19 @@
-"""The FastAPI app: handlers validate, enqueue, and read their request's queue; ``serve``
+"""The FastAPI app: handlers validate, enqueue, and read their request's mailbox; ``serve``
 runs it, ``ServerThread`` runs it in a thread (tests, notebooks). Each takes one
 :class:`~paged_np.server.ServerConfig` (or its fields as keywords). The cache's routes
-are in :mod:`.cache_routes`, ``--api-key`` in :mod:`.auth`."""
+are in :mod:`.cache_routes`, ``--api-key`` in :mod:`.auth`, the limits in :mod:`.limits`.
+
+The event loop only moves bytes: a handler reads the body (up to its limit), then
+parses, validates and tokenizes it in a worker thread (:meth:`Server.prepare`), and
+a whole response with logprobs is encoded there too, so ``/health`` and the other
+clients' streams keep being answered while one large request is worked on."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import json
+import logging
 import signal
 import threading
 import time
@@ -16,20 +22,35 @@ import webbrowser
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.sampling import SamplingParams
 from ..errors import ChatTemplateError, InvalidArgument, PagedNPError
-from .auth import APIKeyMiddleware
+from .auth import APIKeyMiddleware, redact, redact_access_log
 from .cache_routes import add_cache_routes
 from .config import ServerConfig
 from .dashboard import router as dashboard_router
-from .loop import EngineLoop
+from .limits import (
+    ClientGone,
+    default_body_bytes,
+    default_prompt_chars,
+    parse_json,
+    read_body,
+)
+from .loop import EngineLoop, Mailbox
 from .metrics import ServerMetrics
 from .responses import final_body, stream_events
-from .schemas import APIError, ChatCompletionRequest, CompletionRequest, validation_error
+from .schemas import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    refuse_unsupported,
+    validation_error,
+)
+
+log = logging.getLogger("paged_np.server")
 
 
 class Server:
@@ -49,11 +70,28 @@ class Server:
                                   f"engine's max_num_seqs ({max_num_seqs}): a request's "
                                   "samples run at once")
         self.max_n = config.max_n or max_num_seqs
+        # The limits ServerConfig leaves to the model (None): sized from it (.limits).
+        self.max_prompt_chars = config.max_prompt_chars or default_prompt_chars(
+            self.tokenizer, self.max_model_len)
+        self.max_body_bytes = config.max_body_bytes or default_body_bytes(self.max_prompt_chars)
+        self.num_cache_streams = 0                       # open /v1/cache/stream readers
         self.loop = EngineLoop(llm, show_text=config.show_text)
         self.created = int(time.time())
         self._ids = itertools.count()
 
     # ---- validation: everything a 400 can be about, before the engine sees it
+    def prepare(self, cls, body: bytes):
+        """A body -> ``(request, prompt ids, SamplingParams)``, or an :class:`APIError`.
+
+        Runs in a worker thread: parsing, the chat template and the tokenizer take
+        time in proportion to the body, which the event loop must not spend.
+        """
+        data = parse_json(body)
+        refuse_unsupported(data)
+        req = self.parse(cls, data)
+        prompt_ids, field = self.prompt_ids(req)
+        return req, prompt_ids, self.sampling(req, len(prompt_ids), field)
+
     def parse(self, cls, body):
         try:
             req = cls.model_validate(body)
@@ -65,18 +103,31 @@ class Server:
         if req.n > self.max_n:
             raise APIError(400, f"n: at most {self.max_n} samples per request (the engine's "
                            f"max_num_seqs), got {req.n}", "n", "invalid_value")
+        stops = [req.stop] if isinstance(req.stop, str) else req.stop or []
+        cfg = self.config
+        if len(stops) > cfg.max_stop:                    # each is matched after every token
+            raise APIError(400, f"stop: at most {cfg.max_stop} stop strings per request "
+                           f"(--max-stop), got {len(stops)}", "stop", "invalid_value")
+        for s in stops:
+            if len(s) > cfg.max_stop_chars:
+                raise APIError(400, f"stop: a stop string is {len(s):,} characters; at most "
+                               f"{cfg.max_stop_chars} (--max-stop-chars)", "stop",
+                               "invalid_value")
         return req
 
     def prompt_ids(self, req) -> tuple[list[int], str]:
         """The prompt as token ids, and the field it came from."""
         if isinstance(req, ChatCompletionRequest):
+            self.check_chars(sum(len(m.content) for m in req.messages), "messages")
             msgs = [{"role": m.role, "content": m.content} for m in req.messages]
             try:
                 text = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
             except ChatTemplateError as e:
                 raise APIError(400, f"messages: {e}", "messages", "invalid_value") from None
+            self.check_chars(len(text), "messages")      # with the template's own text
             return self.tokenizer.encode(text), "messages"
         if isinstance(req.prompt, str):                  # as vLLM: the tokenizer's BOS, if any
+            self.check_chars(len(req.prompt), "prompt")
             return self.tokenizer.encode(req.prompt, add_special_tokens=True), "prompt"
         vocab = self.tokenizer.vocab_size
         bad = [t for t in req.prompt if not 0 <= t < vocab]
@@ -84,6 +135,14 @@ class Server:
             raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary "
                            f"[0, {vocab})", "prompt", "invalid_value")
         return list(req.prompt), "prompt"
+
+    def check_chars(self, n: int, field: str) -> None:
+        """Refuse a prompt text too long to fit, before the tokenizer spends time on it."""
+        if n > self.max_prompt_chars:
+            raise APIError(400, f"{field}: the prompt has {n:,} characters; this server "
+                           f"takes at most {self.max_prompt_chars:,} (--max-prompt-chars; "
+                           f"the context is {self.max_model_len} tokens)", field,
+                           "context_length_exceeded")
 
     def sampling(self, req, n_prompt: int, field: str) -> SamplingParams:
         limit = self.max_model_len
@@ -100,10 +159,20 @@ class Server:
             raise APIError(400, f"max_tokens: {max_tokens} tokens after a prompt of "
                            f"{n_prompt} go past the context of {limit} tokens; ask for at "
                            f"most {limit - n_prompt}", "max_tokens", "context_length_exceeded")
+        k = self.num_logprobs(req)
+        if k is not None:                                # the response's size, in logprobs
+            entries = req.n * max_tokens * (k + 1)
+            if entries > self.config.max_logprob_entries:
+                name = "top_logprobs" if isinstance(req, ChatCompletionRequest) else "logprobs"
+                raise APIError(400, f"{name}: n x max_tokens x ({name} + 1) = {req.n} x "
+                               f"{max_tokens} x {k + 1} = {entries:,} logprobs; a response "
+                               f"carries at most {self.config.max_logprob_entries:,} "
+                               "(--max-logprob-entries): ask for fewer", name,
+                               "invalid_value")
         try:
             return SamplingParams(max_tokens=max_tokens, temperature=req.temperature,
                                   top_p=req.top_p, seed=req.seed, n=req.n, stop=req.stop,
-                                  ignore_eos=req.ignore_eos, logprobs=self.num_logprobs(req))
+                                  ignore_eos=req.ignore_eos, logprobs=k)
         except PagedNPError as e:                        # e.g. an empty stop string
             raise APIError(400, str(e), None, "invalid_value") from None
 
@@ -117,12 +186,12 @@ class Server:
             return (req.top_logprobs or 0) if req.logprobs else None
         return req.logprobs
 
-    def submit(self, req, prompt_ids, params, prefix) -> tuple[str, asyncio.Queue]:
+    def submit(self, req, prompt_ids, params, prefix) -> tuple[str, Mailbox]:
         if self.loop.stopping:
             raise APIError(503, "the server is shutting down", None, "shutting_down",
                            "server_error")
         rid = f"{prefix}-{uuid.uuid4().hex[:16]}"
-        q: asyncio.Queue = asyncio.Queue()
+        q = Mailbox()
         self.loop.submit(rid, prompt_ids, params, asyncio.get_running_loop(), q)
         return rid, q
 
@@ -151,36 +220,36 @@ def create_app(llm, config: ServerConfig | None = None, **options):
     app.state.server = srv
     app.include_router(dashboard_router)                 # GET /dashboard: the page, no data
     add_cache_routes(app, srv)                           # GET /v1/cache and its stream
-    if config.api_key is not None:
-        app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(CatchAll)                         # a bug: a plain 500, logged
+    if config.api_key is not None:                       # outermost: checked first
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key,
+                           session_s=config.dashboard_session_s,
+                           max_sessions=config.max_dashboard_sessions)
 
     @app.exception_handler(APIError)
     async def api_error(request, e: APIError):
-        return JSONResponse(e.body(), status_code=e.status)
+        return error_response(e)
 
-    @app.exception_handler(Exception)
-    async def unexpected(request, e: Exception):
-        # A bug of ours: this request fails with the reason; the server goes on.
-        return JSONResponse(APIError(500, f"internal error: {e!r}", None, "internal_error",
-                                     "server_error").body(), status_code=500)
+    @app.exception_handler(ClientGone)
+    async def client_gone(request, e):
+        return PlainTextResponse("", status_code=499)   # nobody reads it (nginx's code)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, e):
         code = "not_found" if e.status_code == 404 else None
-        return JSONResponse(APIError(e.status_code, f"{request.method} {request.url.path}: "
-                                     f"{e.detail}", None, code).body(), status_code=e.status_code)
+        return error_response(APIError(e.status_code, f"{request.method} {request.url.path}: "
+                                       f"{e.detail}", None, code))
 
-    async def read_json(request: Request):
+    async def read_request(request: Request, cls):
+        """The body, read up to its limit here; parsed, checked and tokenized in a thread."""
         ctype = request.headers.get("content-type", "")
         if ctype.split(";")[0].strip().lower() != "application/json":
-            raise APIError(400, f"Content-Type must be application/json, got {ctype!r}",
+            raise APIError(400, f"Content-Type must be application/json, got {ctype[:80]!r}",
                            None, "invalid_content_type")
-        try:
-            return json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise APIError(400, f"the body is not valid JSON: {e}", None, "invalid_json") from None
+        body = await read_body(request, srv.max_body_bytes)
+        return await asyncio.to_thread(srv.prepare, cls, body)
 
-    async def results(request: Request, rid: str, q: asyncio.Queue):
+    async def results(request: Request, rid: str, q: Mailbox):
         """Yield the request's updates until it finishes; abort it if the client leaves."""
 
         async def watch_disconnect():
@@ -189,17 +258,15 @@ def create_app(llm, config: ServerConfig | None = None, **options):
             # so writing alone would never tell us.)
             while (await request.receive())["type"] != "http.disconnect":
                 pass
-            q.put_nowait(None)
+            q.close()
 
         watcher = asyncio.create_task(watch_disconnect())
         done = False
         try:
             while True:
+                # The mailbox holds the newest update only (a whole snapshot): when the
+                # server is busy or the client slow, one event carries several tokens.
                 u = await q.get()
-                # Updates are whole snapshots: when several wait (a busy server, a slow
-                # client), the newest says it all, and one event carries their tokens.
-                while u is not None and not u.finished and not q.empty():
-                    u = q.get_nowait()
                 if u is None:                           # the client went away
                     return
                 done = u.finished
@@ -231,9 +298,7 @@ def create_app(llm, config: ServerConfig | None = None, **options):
             "owned_by": "paged_np", "max_model_len": srv.max_model_len}]}
 
     async def handle(request: Request, cls, prefix: str, chat: bool):
-        req = srv.parse(cls, await read_json(request))
-        prompt_ids, field = srv.prompt_ids(req)
-        params = srv.sampling(req, len(prompt_ids), field)
+        req, prompt_ids, params = await read_request(request, cls)
         rid, q = srv.submit(req, prompt_ids, params, prefix)
         created = int(time.time())
         base = {"id": rid, "created": created, "model": srv.model_name}
@@ -251,7 +316,10 @@ def create_app(llm, config: ServerConfig | None = None, **options):
         if last.error is not None:
             raise APIError(last.status, last.error, None, "engine_error",
                            "invalid_request_error" if last.status == 400 else "server_error")
-        return {**base, **final_body(last, chat, req.n, params.logprobs)}
+        # n samples x their tokens x their logprobs can be megabytes: built off the loop
+        body = await asyncio.to_thread(
+            lambda: _json_bytes({**base, **final_body(last, chat, req.n, params.logprobs)}))
+        return Response(body, media_type="application/json")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -262,6 +330,52 @@ def create_app(llm, config: ServerConfig | None = None, **options):
         return await handle(request, CompletionRequest, "cmpl", chat=False)
 
     return app
+
+
+def _json_bytes(obj) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def error_response(e: APIError) -> Response:
+    """OpenAI's error body for ``e`` (ASCII JSON: whatever a client sent, it encodes)."""
+    headers = {"Retry-After": "1"} if e.status in (429, 503) else None
+    return Response(json.dumps(e.body()).encode(), status_code=e.status, headers=headers,
+                    media_type="application/json")
+
+
+class CatchAll:
+    """The last net under every route: an exception no handler answered is a bug of
+    ours. Its traceback goes to the server's log, the client gets a 500 in OpenAI's
+    shape without the exception's text, and the connection stays open for the next
+    request. (Starlette's own net answers 500 too, but then re-raises, and uvicorn
+    closes the connection.)"""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_started(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_started)
+        except Exception:                                # noqa: BLE001 -- the net
+            query = scope.get("query_string", b"").decode("latin-1")
+            log.exception("%s %s failed", scope.get("method"),
+                          redact(scope.get("path", "") + ("?" + query if query else "")))
+            if started:                                  # mid-stream: nothing left to say
+                return
+            response = error_response(APIError(
+                500, "internal error: the server failed on this request (its log says why)",
+                None, "internal_error", "server_error"))
+            await response(scope, receive, send)
 
 
 def serve(llm, config: ServerConfig | None = None, **options) -> None:
@@ -296,6 +410,7 @@ def serve(llm, config: ServerConfig | None = None, **options) -> None:
     server = _Server(uvicorn.Config(app, host=config.host, port=config.port,
                                     log_level=config.log_level,
                                     timeout_graceful_shutdown=drain_s + 5.0))
+    redact_access_log()                                  # after uvicorn set up its loggers
     if config.open_browser:
         open_when_started(server, dashboard_url(config.host, config.port))
     server.run()
@@ -358,6 +473,7 @@ class ServerThread:
         self.server = uvicorn.Server(uvicorn.Config(
             self.app, log_level=config.log_level,
             timeout_graceful_shutdown=config.drain_s + 5.0))
+        redact_access_log()
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]},
                                         name="paged_np-http", daemon=True)
 

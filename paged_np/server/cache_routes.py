@@ -20,6 +20,12 @@ The handlers only ask: the engine loop builds every snapshot and update on its
 own thread between steps and drops them into each stream's bounded mailbox
 (:class:`~.cache_view.Subscriber`), so a slow or vanished reader never holds
 the engine up; its stream ends and its mailbox goes when the client leaves.
+
+At most ``max_cache_streams`` streams are open at once (``--max-cache-streams``,
+32): one more is answered 503 with ``Retry-After``, and the dashboard then reads
+``GET /v1/cache`` once a second instead. Snapshots are shared, encoded once for
+every stream that opens and every poll within an update interval
+(:meth:`~.cache_view.CacheView.snapshot_json`).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from .cache_view import Subscriber
 from .schemas import APIError
@@ -51,15 +57,36 @@ def add_cache_routes(app, srv, heartbeat_s: float = HEARTBEAT_S) -> None:
         aloop = asyncio.get_running_loop()
         future = aloop.create_future()
         srv.loop.snapshot(aloop, future)             # built between two engine steps
-        return JSONResponse(await asyncio.wait_for(future, 60.0))
+        return Response(await asyncio.wait_for(future, 60.0), media_type="application/json")
 
     @app.get("/v1/cache/stream")
     async def cache_stream(request: Request):
         _engine_required(srv)
-        return StreamingResponse(_events(request, srv, heartbeat_s),
-                                 media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache",
-                                          "X-Accel-Buffering": "no"})   # nginx: don't buffer
+        cap = srv.config.max_cache_streams
+        if srv.num_cache_streams >= cap:
+            raise APIError(503, f"{cap} cache streams are open, this server's most "
+                           "(--max-cache-streams); read GET /v1/cache, or retry later",
+                           None, "too_many_streams", "server_error")
+        srv.num_cache_streams += 1                   # given back when the response ends
+        return _CountedStream(srv, _events(request, srv, heartbeat_s),
+                              media_type="text/event-stream",
+                              headers={"Cache-Control": "no-cache",
+                                       "X-Accel-Buffering": "no"})   # nginx: don't buffer
+
+
+class _CountedStream(StreamingResponse):
+    """A cache stream that gives its place back however its response ends (even one
+    whose client left before the first byte, when the body never starts)."""
+
+    def __init__(self, srv, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.srv = srv
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.srv.num_cache_streams -= 1
 
 
 async def _events(request: Request, srv, heartbeat_s: float):

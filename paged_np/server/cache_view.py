@@ -44,6 +44,12 @@ One ``R`` per sample: ``request_id`` is the user's request (the completion's
 ``changed[i]``'s); the other keys are whole, as in the snapshot. Applying each
 update to the snapshot in order gives the cache's state at that update.
 
+What many readers cost: one snapshot, encoded once, serves every stream that opens
+and every ``GET /v1/cache`` until the next update goes out (and for at most the
+update interval, 0.1 s), so a crowd arriving at once, or polling, costs one
+snapshot per interval; each update is encoded once for all streams. The server
+also caps the streams open at once (``--max-cache-streams``).
+
 How the changes are found without scanning the arena: while anyone watches,
 :class:`CacheView` is a listener of the cache (:meth:`PagedKVCache.add_listener`)
 and collects the pages each event names; it also walks the live sequences'
@@ -136,6 +142,8 @@ class CacheView:
         self._refs: dict = {}                # page -> ref count, as of the last update
         self._owners: dict = {}              # page -> owner, as of the last update
         self._prompt_text: dict = {}         # request id -> its prompt's text (show_text)
+        self._epoch = 0                      # +1 at each update sent and listener change
+        self._shared: tuple | None = None    # (epoch, monotonic time, encoded snapshot)
 
     # ------------------------------------------------ subscribers (engine thread)
     def watch(self, sub: Subscriber) -> None:
@@ -146,9 +154,10 @@ class CacheView:
             self._hits.clear()
             self._evicted.clear()
             self._refs, self._owners = self._walk()
+            self._epoch += 1                 # a snapshot from before would miss changes
         self.subscribers.append(sub)
         t0 = time.perf_counter()
-        self._send([(sub, "snapshot", _dumps(self.snapshot()))])
+        self._send([(sub, "snapshot", self.snapshot_json())])
         self.busy_s += time.perf_counter() - t0
 
     def unwatch(self, sub: Subscriber) -> None:
@@ -156,6 +165,7 @@ class CacheView:
             self.subscribers.remove(sub)
             if not self.subscribers:         # nobody watches: cost nothing
                 self.cache.remove_listener(self._on_event)
+                self._epoch += 1
 
     def close_all(self) -> None:
         """End every stream (the server is stopping)."""
@@ -184,12 +194,11 @@ class CacheView:
         self._dirty = False
         t0 = time.perf_counter()
         data = _dumps(self.update())
-        snap = None
+        self._epoch += 1                     # snapshots from before this update are stale
         items = []
         for sub in self.subscribers:
             if sub.resync:                   # it fell behind: start it again
-                snap = snap or _dumps(self.snapshot())
-                items.append((sub, "snapshot", snap))
+                items.append((sub, "snapshot", self.snapshot_json()))
             else:
                 items.append((sub, "update", data))
         self._send(items)
@@ -217,6 +226,21 @@ class CacheView:
             self._evicted[event.page_id] = None
 
     # ------------------------------------------------------------ building
+    def snapshot_json(self) -> str:
+        """:meth:`snapshot`, encoded, shared: built at most once per update sent (and per
+        update interval), however many streams open or clients poll meanwhile.
+
+        A shared snapshot is as good as a fresh one to a new stream: the next update
+        carries every page changed since the last update, so since the snapshot too.
+        """
+        now = time.monotonic()
+        shared = self._shared
+        if shared is not None and shared[0] == self._epoch and now - shared[1] < self.interval:
+            return shared[2]
+        data = _dumps(self.snapshot())
+        self._shared = (self._epoch, now, data)
+        return data
+
     def snapshot(self) -> dict:
         """The whole view now (schema above)."""
         pool = self.cache.pool

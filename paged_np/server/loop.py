@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
 import queue
 import threading
 import time
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 from ..errors import InvalidArgument, PagedNPError
 from .cache_view import CacheView
 from .metrics import ServerMetrics
+
+log = logging.getLogger("paged_np.server")
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,40 @@ class Update:
     @property
     def finished(self) -> bool:
         return self.error is not None or all(r is not None for r in self.finish_reasons)
+
+
+class Mailbox:
+    """Where one request's updates wait for its handler: the newest only.
+
+    An update is a whole snapshot of the request (its texts and token lists so
+    far), so the newest says all the older ones did: a new one replaces the one
+    waiting. A reader that stalls (a client that stops reading its stream) thus
+    holds one update, never a backlog, and gets the newest state when it reads
+    again. Used on the event loop only (the engine loop hands puts over with
+    ``call_soon_threadsafe``); :meth:`close` says the client left.
+    """
+
+    def __init__(self):
+        self._update: Update | None = None
+        self._closed = False
+        self._ready = asyncio.Event()
+
+    def put_nowait(self, update: Update) -> None:
+        self._update = update
+        self._ready.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._ready.set()
+
+    async def get(self) -> Update | None:
+        """The newest update (a finished one even after :meth:`close`), or None: the client left."""
+        await self._ready.wait()
+        self._ready.clear()
+        u, self._update = self._update, None
+        if u is not None and (u.finished or not self._closed):
+            return u
+        return None
 
 
 class _Stream:
@@ -109,7 +147,8 @@ class EngineLoop:
         self._wake.set()
 
     def snapshot(self, aloop, future) -> None:
-        """Set ``future`` (of event loop ``aloop``) to the cache's snapshot, between steps."""
+        """Set ``future`` (of event loop ``aloop``) to the cache's snapshot as JSON text,
+        between steps."""
         self._inbox.put(("snapshot", aloop, future))
         self._wake.set()
 
@@ -178,7 +217,12 @@ class EngineLoop:
                 self.llm.add_request(rid, prompt_ids, params)
             except PagedNPError as e:                    # refused: only this request fails
                 status = 400 if isinstance(e, InvalidArgument) else 500
-                stream.push(_error_update(stream, str(e), status))
+                stream.push(_error_update(stream, str(e), status))   # our own words
+                continue
+            except Exception:                            # noqa: BLE001 -- a bug: log it
+                log.exception("the engine could not take request %s", rid)
+                stream.push(_error_update(stream, "the engine could not take this request "
+                                          "(the server's log says why)", 500))
                 continue
             self._streams[rid] = stream
             self.metrics.prompt_tokens.inc(len(prompt_ids))
@@ -192,8 +236,10 @@ class EngineLoop:
         elif msg[0] == "unwatch":
             self.view.unwatch(msg[1])
         else:
-            _, aloop, future = msg
-            snap = self.view.snapshot()
+            _, aloop, future = msg                       # encoded, shared (CacheView)
+            t0 = time.perf_counter()
+            snap = self.view.snapshot_json()
+            self.view.busy_s += time.perf_counter() - t0
             aloop.call_soon_threadsafe(_set_result, future, snap)
 
     def _abort(self, rid, reason) -> None:
@@ -216,11 +262,15 @@ class EngineLoop:
         t0 = time.perf_counter()
         try:
             outs = self.llm.step()
-        except Exception as e:                           # noqa: BLE001 -- keep serving
+        except Exception:                                # noqa: BLE001 -- keep serving
             # We cannot tell which request broke the step: fail those in flight, keep the loop.
+            # The exception is ours to read, not the client's: its text goes to the log.
+            log.exception("an engine step failed; its %d requests fail with it",
+                          len(self._streams))
             for rid in list(self._streams):
                 stream = self._streams.pop(rid)
-                stream.push(_error_update(stream, f"engine error: {e!r}", 500))
+                stream.push(_error_update(stream, "the engine failed while running this "
+                                          "request (the server's log says why)", 500))
                 self.metrics.finish("error")
                 try:
                     self.llm.abort(rid)
