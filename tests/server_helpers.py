@@ -1,8 +1,15 @@
-"""Shared pieces of the server tests: a tiny model, an LLM over it, metrics parsing."""
+"""Shared pieces of the server tests: a tiny model, an LLM over it, metrics parsing, and
+``serve`` run as its own process (:class:`ServeProcess`)."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import time
 
 import httpx
@@ -41,9 +48,9 @@ def chat_ids(tok, messages):
 _LINE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)$")
 
 
-def metrics(url) -> dict:
+def metrics(url, headers=None) -> dict:
     """``GET /metrics`` as {"name{labels}": value}."""
-    text = httpx.get(url + "/metrics", timeout=10).text
+    text = httpx.get(url + "/metrics", headers=headers, timeout=10).text
     out = {}
     for line in text.splitlines():
         m = _LINE.match(line)
@@ -52,11 +59,86 @@ def metrics(url) -> dict:
     return out
 
 
-def wait_for(url, pred, timeout=20.0):
+def wait_for(url, pred, timeout=20.0, headers=None):
     """Poll /metrics until ``pred(metrics)`` holds; return the last metrics."""
     deadline = time.monotonic() + timeout
     while True:
-        m = metrics(url)
+        m = metrics(url, headers)
         if pred(m) or time.monotonic() > deadline:
             return m
         time.sleep(0.05)
+
+
+# ------------------------------------------------------------ `serve` as its own process
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env(extra: dict | None = None) -> dict:
+    """The environment of a child ``python -m paged_np``: this checkout's package first."""
+    path = os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {**os.environ, "PYTHONPATH": path, **(extra or {})}
+
+
+class ServeProcess:
+    """``python -m paged_np serve --model tiny-random`` on a free loopback port, its output
+    in a file (``log()``), stopped (SIGTERM, then SIGKILL) when the ``with`` block ends.
+
+    The child runs this checkout's package (``PYTHONPATH`` = the repository root);
+    ``env`` adds variables (``PAGED_NP_API_KEY``).
+    """
+
+    def __init__(self, *args: str, env: dict | None = None, timeout: float = 120.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        self.cmd = [sys.executable, "-m", "paged_np", "serve", "--model", TINY_NAME,
+                    "--backend", "numpy", "--port", str(self.port), *args]
+        self.env = child_env(env)
+        self.timeout = timeout
+        self.proc = None
+
+    def __enter__(self) -> ServeProcess:
+        self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=self.env, stdout=self._log,
+                                     stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"serve exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.__exit__()
+                raise RuntimeError(f"serve did not answer within {self.timeout} s:\n{self.log()}")
+            time.sleep(0.1)
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+        os.unlink(self._log.name)
+
+    def log(self) -> str:
+        with open(self._log.name, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def rss_mb(self) -> float:
+        """The process's resident memory now, in MiB (Linux's /proc)."""
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        raise RuntimeError("no VmRSS")

@@ -44,6 +44,18 @@ OLD_FLAGS = {"--served-model-name": "served_model_name", "--host": "host", "--po
     ("show_text", "yes", DTypeError),
     ("open_browser", 1, DTypeError),
     ("max_n", 0, InvalidArgument),
+    ("max_body_bytes", 0, InvalidArgument),
+    ("max_body_bytes", "1MiB", DTypeError),
+    ("max_prompt_chars", -1, InvalidArgument),
+    ("max_stop", -1, InvalidArgument),
+    ("max_stop", 4.0, DTypeError),
+    ("max_stop_chars", 0, InvalidArgument),
+    ("max_logprob_entries", 0, InvalidArgument),
+    ("max_cache_streams", 0, InvalidArgument),
+    ("max_cache_streams", True, DTypeError),
+    ("dashboard_session_s", 0, InvalidArgument),
+    ("dashboard_session_s", float("inf"), InvalidArgument),
+    ("max_dashboard_sessions", 0, InvalidArgument),
 ])
 def test_a_bad_value_is_refused_by_its_field_name(field, value, error):
     with pytest.raises(error, match=rf"ServerConfig\.{field}") as e:
@@ -90,6 +102,35 @@ def test_every_field_is_a_serve_flag_and_every_old_flag_still_parses():
 def test_the_command_defaults_are_the_fields_and_the_name_is_the_model():
     args = serve_cli.build_parser().parse_args(["--model", "tiny-random"])
     assert serve_cli.server_config(args) == ServerConfig(served_model_name="tiny-random")
+
+
+def test_the_key_comes_from_the_environment_unless_the_flag_gives_one():
+    parser = serve_cli.build_parser()
+    args = parser.parse_args(["--model", "tiny-random"])
+    env = {"PAGED_NP_API_KEY": "from-env"}
+    assert serve_cli.server_config(args, environ=env).api_key == "from-env"
+    assert serve_cli.server_config(args, environ={}).api_key is None
+    flagged = parser.parse_args(["--model", "tiny-random", "--api-key", "from-flag"])
+    assert serve_cli.server_config(flagged, environ=env).api_key == "from-flag"
+    with pytest.raises(InvalidArgument, match="PAGED_NP_API_KEY is set but empty"):
+        serve_cli.server_config(args, environ={"PAGED_NP_API_KEY": ""})
+    with pytest.raises(InvalidArgument, match="api_key must not be empty: give a key"):
+        ServerConfig(api_key=" ")
+
+
+def test_the_limits_left_to_the_model_are_sized_from_it():
+    from paged_np.server import create_app
+
+    llm = make_llm(*tiny(), num_pages=16, max_num_seqs=4)      # 256 tokens of context
+    srv = create_app(llm).state.server
+    # the tiny vocabulary's longest entry is "<|endoftext|>", 13 characters
+    assert srv.max_prompt_chars == llm.max_model_len * 13
+    assert srv.max_body_bytes == (1 << 20) + 6 * srv.max_prompt_chars
+    srv = create_app(llm, max_prompt_chars=100, max_body_bytes=5000).state.server
+    assert (srv.max_prompt_chars, srv.max_body_bytes) == (100, 5000)
+    cfg = ServerConfig()
+    assert (cfg.max_stop, cfg.max_stop_chars, cfg.max_logprob_entries,
+            cfg.max_cache_streams) == (4, 256, 262_144, 32)
 
 
 def test_a_refused_server_flag_exits_before_loading(capsys):

@@ -14,8 +14,9 @@ How it is built (vLLM's shape, in one process):
   token ids and :class:`SamplingParams`, hands it to the engine loop and
   reads its results. No model or cache logic lives in a handler.
 - **One loop owns the engine** (:class:`EngineLoop`, a thread). It takes new
-  requests and aborts from an inbox, runs ``llm.step()``, and pushes each
-  request's new text onto that request's own ``asyncio.Queue``. Requests from
+  requests and aborts from an inbox, runs ``llm.step()``, and hands each
+  request's new state to that request's own :class:`Mailbox` (the newest
+  only: a reader that stalls holds one update, not a backlog). Requests from
   different clients therefore share engine steps: this is continuous
   batching across clients, and the reason a server beats one client at a time.
 - **Results flow back per request.** A streaming handler turns each update
@@ -31,10 +32,18 @@ How it is built (vLLM's shape, in one process):
   eviction order, the radix tree and the queues; ``GET /v1/cache/stream`` sends
   it, then what changed, at most 10 times a second; ``GET /dashboard`` draws
   them. The engine loop builds both between steps (:class:`CacheView`).
-- ``--api-key KEY`` guards every route but ``/health`` (:mod:`.auth`).
+- ``--api-key KEY`` (or ``PAGED_NP_API_KEY``) guards every route but ``/health``;
+  the dashboard signs in once and reads on with a session cookie, so the key is
+  never in a URL or a log (:mod:`.auth`).
+- **Limits** on what one client may make everyone pay for (the body's bytes, the
+  prompt's characters, stop strings, logprobs per response, cache streams) are
+  :class:`ServerConfig` fields, checked before the work they bound
+  (:mod:`.limits`); the event loop only moves bytes, and parsing, tokenizing and
+  large responses run in a worker thread.
 
 The files, in reading order: :mod:`.config` (:class:`ServerConfig`, every server
 option), :mod:`.schemas` (request bodies and errors),
+:mod:`.limits` (bounded bodies, strict JSON, the limits sized from the model),
 :mod:`.loop` (the engine loop), :mod:`.app` (the handlers, ``serve`` and
 ``ServerThread``), :mod:`.responses` (the bodies they send) and
 :mod:`.logprobs_view` (logprobs in OpenAI's shapes), :mod:`.metrics`
@@ -66,6 +75,7 @@ _WHERE = {
     "CompletionRequest": ".schemas",
     "EngineLoop": ".loop",
     "ITL_BUCKETS": ".metrics",
+    "Mailbox": ".loop",
     "TTFT_BUCKETS": ".metrics",
     "Server": ".app",
     "ServerMetrics": ".metrics",
