@@ -97,7 +97,7 @@ def test_a_20_mb_body_is_refused_before_it_is_read(server):
     assert f"{MAX_BODY_BYTES:,}" in err["message"] and "--max-body-bytes" in err["message"]
     # Before: read whole, tokenized on the event loop, 400 after 31-87 s, /health blocked
     # as long, +2.5 GB held. Now a 413 from Content-Length (bounds generous for a busy box).
-    assert took < 5 and health.worst < 2 and health.answers > 0
+    assert took < 5 and health.worst < 3 and health.answers > 0
     assert server.rss_mb() - rss0 < 100
 
 
@@ -195,7 +195,7 @@ def test_a_response_too_large_is_refused_and_a_large_one_does_not_stall_health(s
         r = post(server, chat_body(max_tokens=600, n=8, logprobs=True, top_logprobs=20,
                                    temperature=1.0, ignore_eos=True), timeout=300)
     assert r.status_code == 200 and len(r.content) > 3_000_000
-    assert health.worst < 2.0, health.worst                 # before: 11.8 s at 38.7 MB
+    assert health.worst < 3.0, health.worst                 # before: 11.8 s at 38.7 MB
 
 
 def stall(url, body: dict) -> socket.socket:

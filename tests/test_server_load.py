@@ -123,23 +123,24 @@ async def client(url: str, i: int, deadline: float, tally: Tally):
             k += 1
 
 
-async def health_worst(url: str, deadline: float) -> float:
-    worst = 0.0
+async def health_times(url: str, deadline: float) -> list:
+    """Seconds each ``/health`` took, asked every 0.1 s while the clients run."""
+    times = []
     async with httpx.AsyncClient(base_url=url, timeout=120) as c:
         while time.monotonic() < deadline:
             t0 = time.perf_counter()
             assert (await c.get("/health")).status_code == 200
-            worst = max(worst, time.perf_counter() - t0)
+            times.append(time.perf_counter() - t0)
             await asyncio.sleep(0.1)
-    return worst
+    return times
 
 
-async def run(url: str, seconds: float) -> tuple[Tally, float]:
+async def run(url: str, seconds: float) -> tuple[Tally, list]:
     tally = Tally()
     deadline = time.monotonic() + seconds
-    worst, *_ = await asyncio.gather(health_worst(url, deadline),
-                                     *(client(url, i, deadline, tally) for i in range(CLIENTS)))
-    return tally, worst
+    health, *_ = await asyncio.gather(health_times(url, deadline),
+                                      *(client(url, i, deadline, tally) for i in range(CLIENTS)))
+    return tally, sorted(health)
 
 
 def test_64_clients_good_bad_and_gone():
@@ -147,21 +148,24 @@ def test_64_clients_good_bad_and_gone():
         asyncio.run(run(srv.url, WARMUP_S))              # warm: first allocations, caches
         wait_for(srv.url, lambda m: m["paged_np:num_requests_running"] == 0, timeout=60)
         rss0 = srv.rss_mb()
-        tally, worst = asyncio.run(run(srv.url, LOAD_S))
+        tally, health = asyncio.run(run(srv.url, LOAD_S))
         m = wait_for(srv.url, lambda m: m["paged_np:kv_pages_in_use"] == 0
                      and m["paged_np:num_requests_running"] == 0
                      and m["paged_np:num_requests_waiting"] == 0, timeout=60)
         time.sleep(1.0)
         rss1 = srv.rss_mb()
         print(f"{tally.good} good ({tally.good_ok} ok), {tally.bad} bad ({tally.bad_ok} ok), "
-              f"{tally.dropped} dropped; /health worst {worst:.2f} s; rss {rss0:.0f} -> "
+              f"{tally.dropped} dropped; /health median {health[len(health) // 2]:.3f} s, "
+              f"worst {health[-1]:.2f} s; rss {rss0:.0f} -> "
               f"{rss1:.0f} MiB")
         assert tally.failures == [], tally.failures
         assert tally.good_ok == tally.good > CLIENTS and tally.bad_ok == tally.bad > 0
         assert tally.dropped > 0
         assert m["paged_np:kv_pages_in_use"] == 0
         assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
-        assert worst < 5.0                               # generous: 2 busy cores
+        # /health is answered throughout: usually at once, at worst in seconds on two
+        # shared cores (before issue 45 one large request blocked it for 30-57 s)
+        assert health[len(health) // 2] < 1.0 and health[-1] < 15.0
         assert rss1 - rss0 < MEMORY_BOUND_MB
         assert "Traceback" not in srv.log()
         assert metrics(srv.url)["paged_np:request_success_total{finished_reason=\"abort\"}"] > 0
