@@ -184,6 +184,8 @@ def test_stop_matching_at_the_limit_costs_little(server):
     timed()                                                 # warm the prefix cache
     plain = min(timed() for _ in range(3))
     stopped = min(timed(stop=stops) for _ in range(3))
+    print(f"16 samples x 48 tokens: {plain:.3f} s without stop strings, {stopped:.3f} s "
+          "with four of 256 characters")
     assert stopped < 2.0 * plain + 0.2, (plain, stopped)
 
 
