@@ -6,7 +6,7 @@ is the distribution of the token after the input and ``d_0 .. d_{i-1}``. One
 call of :func:`rejection_sample` turns those rows into the tokens the step
 emits: the accepted drafts, then one more token.
 
-- **Greedy** (``temperature == 0``): keep the longest prefix of drafts equal
+- **Greedy** (``params.greedy``: temperature below ``1e-5``, as vLLM): keep the longest prefix of drafts equal
   to the argmax of their rows, then the argmax of the first row that
   disagrees (or of the last row, the bonus, when all agree). The tokens are
   exactly the ones greedy decoding without drafts would give.

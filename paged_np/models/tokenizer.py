@@ -205,7 +205,10 @@ class Tokenizer:
         to their ids; ``add_special_tokens`` adds what the checkpoint adds (e.g. BOS)."""
         if not isinstance(text, str):
             raise DTypeError(f"text must be a str, got {type(text).__name__}")
-        return self._tok.encode(text, add_special_tokens=bool(add_special_tokens)).ids
+        # encode_batch releases the GIL while it works (encode holds it), so a server
+        # tokenizing a long prompt in a worker thread keeps answering other requests.
+        (enc,) = self._tok.encode_batch([text], add_special_tokens=bool(add_special_tokens))
+        return enc.ids
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         """Token ids -> text. Bytes that do not form whole characters come out as U+FFFD."""
