@@ -66,7 +66,7 @@ def check_priority(learner, entries) -> None:
     """The learner's order of ``entries`` must be LFU's, ties broken by recency."""
     want = sorted(entries, key=LFUPolicy().priority)
     got = ordered(learner, entries)
-    for k, (w, (g, key)) in enumerate(zip(want, got)):
+    for w, (g, key) in zip(want, got):
         if g is not w:
             wkey = learner.call("priority", w)
             tie = " (a tie: which goes first is then up to chance)" if wkey == key else ""

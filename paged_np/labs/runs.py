@@ -149,7 +149,7 @@ def serve(w: Workload, options: dict, blame: str) -> Trace:
         try:
             engine.step()
         except LabFailure as e:
-            e.case = e.case or case
+            e.case = f"{case}: {e.case}" if e.case else case
             raise
         try:
             engine.cache.check_invariants()
@@ -187,30 +187,39 @@ def serve(w: Workload, options: dict, blame: str) -> Trace:
 
 
 def compare(w: Workload, got: Trace, want: Trace, blame: str, what=("tokens",)) -> None:
-    """Refuse (naming ``blame``) the first difference between the learner's run and
-    the package's: tokens, then (if asked) evictions and the schedule."""
-    if "tokens" in what:
-        for key, ids in want.tokens.items():
-            mine = got.tokens.get(key, [])
-            if mine != ids:
-                rid, j = key
-                tok = w.tokenizer
-                where = first_difference(mine + [-1] * (len(ids) - len(mine)),
-                                         ids + [-1] * (len(mine) - len(ids)))
-                raise LabFailure(blame, [
-                    f"{w.labels[int(rid[1:])]}, sample {j}: its tokens differ from the "
-                    "package's",
-                    f"yours:   {mine}  {tok.decode(mine)!r}",
-                    f"package: {ids}  {tok.decode(ids)!r}", where], w.name)
-    if "evictions" in what and got.evictions != want.evictions:
+    """Refuse (naming ``blame``) the first difference between the learner's run and the
+    package's, in the order of ``what``: "tokens", "evictions", "schedule"."""
+    for part in what:
+        {"tokens": _tokens, "evictions": _evictions, "schedule": _schedule}[part](
+            w, got, want, blame)
+
+
+def _tokens(w, got, want, blame) -> None:
+    for key, ids in want.tokens.items():
+        mine = got.tokens.get(key, [])
+        if mine != ids:
+            rid, j = key
+            tok = w.tokenizer
+            where = first_difference(mine + [-1] * (len(ids) - len(mine)),
+                                     ids + [-1] * (len(mine) - len(ids)))
+            raise LabFailure(blame, [
+                f"{w.labels[int(rid[1:])]}, sample {j}: its tokens differ from the package's",
+                f"yours:   {mine}  {tok.decode(mine)!r}",
+                f"package: {ids}  {tok.decode(ids)!r}", where], w.name)
+
+
+def _evictions(w, got, want, blame) -> None:
+    if got.evictions != want.evictions:
+        n = min(len(got.evictions), len(want.evictions))
         raise LabFailure(blame, ["the pages evicted, in order, differ from the package's",
                                  f"yours:   {got.evictions}", f"package: {want.evictions}",
-                                 first_difference(got.evictions[:len(want.evictions)],
-                                                  want.evictions[:len(got.evictions)])],
-                         w.name)
-    if "schedule" in what:
-        for k, (mine, ref) in enumerate(zip(got.steps, want.steps), 1):
-            if mine != ref:
-                raise LabFailure(blame, [
-                    f"step {k}: admitted {mine[0]}, preempted {mine[1]}",
-                    f"the package: admitted {ref[0]}, preempted {ref[1]}"], w.name)
+                                 first_difference(got.evictions[:n], want.evictions[:n])
+                                 or "one list stops early"], w.name)
+
+
+def _schedule(w, got, want, blame) -> None:
+    for k, (mine, ref) in enumerate(zip(got.steps, want.steps), 1):
+        if mine != ref:
+            raise LabFailure(blame, [f"step {k}: admitted {mine[0]}, preempted {mine[1]}",
+                                     f"the package: admitted {ref[0]}, preempted {ref[1]}"],
+                             w.name)
