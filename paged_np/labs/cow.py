@@ -118,18 +118,18 @@ def call_copy_on_write(learner, block_table: list, i: int, dst: int, copy_page, 
 class CowMixin:
     """The lab's cache: the learner decides what to copy and does the copy."""
 
-    learner = None
+    cow_learner = None
 
     def _plan(self, seq, n):
         pages_needed, cow, n_new = super()._plan(seq, n)
         bt = list(seq.block_table)
         refs = [self.pool.ref_count(p) if p >= 0 else 0 for p in bt]
-        mine = call_pages_to_copy(self.learner, bt, refs, seq.num_computed_tokens, n,
+        mine = call_pages_to_copy(self.cow_learner, bt, refs, seq.num_computed_tokens, n,
                                   self.page_size, cow)
         return pages_needed, mine, n_new
 
     def copy_on_write(self, seq, i, dst):
-        call_copy_on_write(self.learner, seq.block_table, i, dst, self._arena.copy_page,
+        call_copy_on_write(self.cow_learner, seq.block_table, i, dst, self._arena.copy_page,
                            lambda p: self.pool.free(p, seq.seq_id))
         self._cow_copies += 1
         self._log("cow", dst, seq.seq_id)
@@ -172,4 +172,4 @@ def check(learner, rng) -> None:
 def swap(learner):
     from .runner import Swap
 
-    return Swap(cache_mixins=[type("LabCow", (CowMixin,), {"learner": learner})])
+    return Swap(cache_mixins=[type("LabCow", (CowMixin,), {"cow_learner": learner})])

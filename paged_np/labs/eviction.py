@@ -113,14 +113,14 @@ def policy_class(learner):
 class EvictMixin:
     """The lab's index: every indexed page is offered to the learner's ``choose_victim``."""
 
-    learner = None
+    evict_learner = None
     lab_cache = None                       # the cache whose pool counts references
 
     def evict(self, num_pages, seq_id=None):
         out = []
         while len(out) < num_pages and self._queued:
             entries = sorted(self._entry.values(), key=lambda e: e.page_id)
-            p = call_choose_victim(self.learner, entries, self.lab_cache.pool.ref_count,
+            p = call_choose_victim(self.evict_learner, entries, self.lab_cache.pool.ref_count,
                                    self.policy.priority)
             del self._queued[p]                           # its heap entry is stale now
             e = self._entry.pop(p)
@@ -198,7 +198,7 @@ def swap(learner):
     from ..registry import EVICTION_POLICIES
     from .runner import Swap
 
-    index = type("LabEvict", (EvictMixin,), {"learner": learner})
+    index = type("LabEvict", (EvictMixin,), {"evict_learner": learner})
     return Swap(cache_mixins=[LinkMixin], index_mixins=[index],
                 entries=[(EVICTION_POLICIES, policy_class(learner))],
                 reference={"eviction_policy": "lfu"}, compare=("tokens", "evictions"))

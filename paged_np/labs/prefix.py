@@ -99,7 +99,7 @@ def call_match_prefix(learner, index, token_ids, page_size, extra_key=None) -> l
 class PrefixMixin:
     """The lab's index: the hash chain, plus which page follows which, for ``children``."""
 
-    learner = None                              # set on the class the lab builds
+    prefix_learner = None                       # set on the class the lab builds
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -133,9 +133,9 @@ class PrefixMixin:
         return [self.lookup(h) for h in hashes]
 
     def match_prefix(self, token_ids, extra_key=None):
-        if self.learner is None:
+        if self.prefix_learner is None:
             return super().match_prefix(token_ids, extra_key)
-        mine = call_match_prefix(self.learner, self, list(token_ids) + [-1], self.page_size,
+        mine = call_match_prefix(self.prefix_learner, self, list(token_ids) + [-1], self.page_size,
                                  extra_key)
         pages, hashes = super().match_prefix(token_ids, extra_key)   # counts the hits
         assert pages == mine
@@ -192,4 +192,4 @@ def check(learner, rng) -> None:
 def swap(learner):
     from .runner import Swap
 
-    return Swap(index_mixins=[type("LabPrefix", (PrefixMixin,), {"learner": learner})])
+    return Swap(index_mixins=[type("LabPrefix", (PrefixMixin,), {"prefix_learner": learner})])

@@ -140,7 +140,8 @@ _REFERENCES: dict = {}
 
 def reference(w, options: dict) -> runs.Trace:
     """The package's own run of ``w`` with ``options`` (kept for the process)."""
-    key = (w.name, id(w.model), repr(sorted(options.items())))
+    key = (w.name, id(w.model), repr(w.prompts), repr(w.params), repr(w.options),
+           repr(sorted(options.items())))
     if key not in _REFERENCES:
         _REFERENCES[key] = runs.serve(w, options, "the package")
     return _REFERENCES[key]
@@ -215,7 +216,7 @@ def run(name: str, path, *, hint: int = 1, seed: int | None = None, smollm2="loa
                       time.perf_counter() - t0)
     took = time.perf_counter() - t0
     what = "its functions alone" if check_only else (
-        "and SmolLM2" if smollm2 is not None else "the toy workload")
+        "the toy workload and SmolLM2" if smollm2 is not None else "the toy workload")
     msg = (f"lab {name}: accepted ({what}; seed {seed}; {took:.0f} s). "
            + ("Every greedy token equals the package's, the cache's invariants held "
               "and no page leaked." if not check_only else ""))

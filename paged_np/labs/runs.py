@@ -69,7 +69,8 @@ def smollm2_workload(model, tokenizer, max_tokens: int = 8, forks: bool = False)
                                        seed=1, n=2)
     labels = [f"chat {i} ({c!r})" for i, c in enumerate(CHATS)]
     options = dict(page_size=8, num_pages=14, max_num_seqs=4, max_num_batched_tokens=256)
-    return Workload("SmolLM2 chats", model, tokenizer, prompts, params, labels, options)
+    name = "SmolLM2 chats" + (" (chat 1 sampled twice)" if forks else "")
+    return Workload(name, model, tokenizer, prompts, params, labels, options)
 
 
 _TOY: dict = {}
@@ -116,8 +117,8 @@ def toy_workload(seed: int, forks: bool = True) -> Workload:
                       f"{'greedy' if p.greedy else f'sampled, n={p.n}'}, "
                       f"max_tokens={max_tokens})")
     options = dict(page_size=ps, num_pages=16, max_num_seqs=4, max_num_batched_tokens=48)
-    return Workload(f"toy workload (seed {seed})", model, tok, prompts, params, labels,
-                    options)
+    return Workload(f"toy workload (seed {seed}{'' if forks else ', no forks'})", model, tok,
+                    prompts, params, labels, options)
 
 
 def serve(w: Workload, options: dict, blame: str) -> Trace:
