@@ -73,12 +73,13 @@ def call_sample(learner, logits, params, rngs) -> np.ndarray:
         raise LabFailure("sample", [f"returned {show(got)}",
                                     f"expected int64 token ids of shape {list(want.shape)}: "
                                     f"{show(want)}"], case)
-    expect("sample", case, arr.astype(np.int64), want)
     for i, (mine, ref) in enumerate(zip(rngs, copies)):
         if mine.bit_generator.state != ref.bit_generator.state:
-            raise LabFailure("sample", f"row {i}'s generator did not end where the package's "
-                                       "did: draw exactly one number (rng.random()) per "
-                                       "sampled token, none for a greedy row", case)
+            raise LabFailure("sample", [
+                f"row {i}'s generator did not end where the package's did: draw exactly one "
+                "number (rng.random()) per sampled token, none for a greedy row",
+                f"returned: {show(got)}", f"expected: {show(want)}"], case)
+    expect("sample", case, arr.astype(np.int64), want)
     return arr.astype(np.int64)
 
 
