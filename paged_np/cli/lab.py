@@ -42,6 +42,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
+    from ..errors import ModelFetchError, PagedNPError
     from ..labs.runner import lab_module, run
 
     args = parser().parse_args(argv)
@@ -51,7 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(path).exists():
         print(f"lab {args.name}: {path} does not exist (pass --solution PATH)", file=sys.stderr)
         return 2
-    result = run(args.name, path, hint=args.hint, seed=args.seed,
-                 smollm2=None if args.no_smollm2 else "load")
+    try:
+        result = run(args.name, path, hint=args.hint, seed=args.seed,
+                     smollm2=None if args.no_smollm2 else "load")
+    except ModelFetchError as e:
+        print(f"lab {args.name}: SmolLM2 could not be fetched ({e}); --no-smollm2 serves "
+              "the toy workload only", file=sys.stderr)
+        return 2
+    except PagedNPError as e:                 # a bad --solution (not a file, ...)
+        print(f"lab {args.name}: {e}", file=sys.stderr)
+        return 2
     print(result.message)
     return 0 if result.ok else 1

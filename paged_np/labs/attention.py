@@ -66,7 +66,8 @@ def initial_state(rows: int, head_dim: int) -> tuple:
 def call_attend_page(learner, state, q, k_page, v_page, mask, case: str = "") -> tuple:
     """The learner's update on one page; the page it saw is poisoned afterwards."""
     k, v = k_page.copy(), v_page.copy()                  # its own copy of this page only
-    got = learner.call("attend_page", tuple(x.copy() for x in state), q, k, v, mask.copy())
+    got = learner.call("attend_page", tuple(x.copy() for x in state), q, k, v, mask.copy(),
+                       case=case)
     k.fill(np.nan)                                       # kept for later? it reads NaN
     v.fill(np.nan)
     rows, d = q.shape
@@ -83,7 +84,7 @@ def call_attend_page(learner, state, q, k_page, v_page, mask, case: str = "") ->
 
 
 def call_finish(learner, state, case: str = "") -> tuple:
-    got = learner.call("finish", tuple(x.copy() for x in state))
+    got = learner.call("finish", tuple(x.copy() for x in state), case=case)
     rows, d = state[2].shape
     if not isinstance(got, (tuple, list)) or len(got) != 2 or \
             [list(np.shape(x)) for x in got] != [[rows, d], [rows]]:
@@ -117,6 +118,9 @@ def attend(learner, q, k_pages, v_pages, block_table, seq_len, scale, window,
     qg = (qg * np.float32(scale)).astype(np.float32)                     # [KV, R, D]
     out = np.empty((num_kv, n_q * group, d), np.float32)
     lse = np.empty((num_kv, n_q * group), np.float32)
+    seq_text = (f"seq_len={seq_len}, page_size={ps}, block_table="
+                f"{[int(p) for p in block_table[:-(-seq_len // ps)]]}, {n_q} queries x "
+                f"{group} heads per kv head")
     for kv in range(num_kv):
         state = initial_state(n_q * group, d)
         for i in range(-(-seq_len // ps)):
@@ -131,12 +135,14 @@ def attend(learner, q, k_pages, v_pages, block_table, seq_len, scale, window,
             page = block_table[i]
             ks = None if k_scales is None else k_scales[page, kv, :n_valid]
             vs = None if v_scales is None else v_scales[page, kv, :n_valid]
+            case = (f"{seq_text}; kv head {kv}, page {i} (page id {page}, {n_valid} valid "
+                    "rows)")
             state = call_attend_page(learner, state, qg[kv],
                                      to_float32(k_pages[page, kv, :n_valid], ks),
-                                     to_float32(v_pages[page, kv, :n_valid], vs), mask)
+                                     to_float32(v_pages[page, kv, :n_valid], vs), mask, case)
             if after_page is not None:
                 after_page(kv, i, state)
-        out[kv], lse[kv] = call_finish(learner, state)
+        out[kv], lse[kv] = call_finish(learner, state, f"seq_len={seq_len}, kv head {kv}")
     out = out.reshape(num_kv, n_q, group, d).transpose(1, 0, 2, 3).reshape(n_q, num_heads, d)
     lse = lse.reshape(num_kv, n_q, group).transpose(1, 0, 2).reshape(n_q, num_heads)
     return out, lse

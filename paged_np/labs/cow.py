@@ -53,7 +53,7 @@ def call_pages_to_copy(learner, block_table, ref_counts, start, n, page_size, wa
     case = (f"block_table={list(block_table)}, ref_counts={list(ref_counts)}, start={start}, "
             f"n={n}, page_size={page_size}")
     got = learner.call("pages_to_copy", list(block_table), list(ref_counts), start, n,
-                       page_size)
+                       page_size, case=case)
     try:
         mine = sorted(int(i) for i in got)
     except (TypeError, ValueError):
@@ -101,7 +101,8 @@ def call_copy_on_write(learner, block_table: list, i: int, dst: int, copy_page, 
         done.append("drop")
         drop(p)
 
-    learner.call("copy_on_write", block_table, i, dst, my_copy, my_drop, returns=False)
+    learner.call("copy_on_write", block_table, i, dst, my_copy, my_drop, returns=False,
+                 case=case)
     want = before[:i] + [dst] + before[i + 1:]
     if list(block_table) != want:
         raise LabFailure("copy_on_write", [f"left block_table = {list(block_table)}",

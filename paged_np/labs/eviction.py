@@ -52,7 +52,7 @@ def stamps(e) -> str:
 
 def ordered(learner, entries) -> list:
     """``entries`` sorted by the learner's priority (refusing keys that cannot be sorted)."""
-    keys = [learner.call("priority", e) for e in entries]
+    keys = [learner.call("priority", e, case=stamps(e)) for e in entries]
     try:
         order = sorted(range(len(entries)), key=lambda i: keys[i])
     except TypeError as exc:
@@ -81,7 +81,7 @@ def call_choose_victim(learner, entries, ref_count, priority) -> int:
     """The learner's victim, refused if it is live or not the smallest idle priority."""
     case = "the indexed pages:" + "".join(
         f"\n    {stamps(e)}, ref_count={ref_count(e.page_id)}" for e in entries)
-    got = learner.call("choose_victim", list(entries), ref_count, priority)
+    got = learner.call("choose_victim", list(entries), ref_count, priority, case=case)
     ids = {e.page_id: e for e in entries}
     if isinstance(got, bool) or not isinstance(got, int) or got not in ids:
         raise LabFailure("choose_victim", f"returned {show(got)}: the page id of one of the "

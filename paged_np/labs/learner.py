@@ -68,8 +68,9 @@ class Learner:
                                         f"{type(e).__name__}: {e}", self._where(e)]) from None
         self.fns = {n: getattr(module, n) for n in names}
 
-    def call(self, name: str, *args, returns: bool = True):
-        """``name(*args)``, judged: see the module docstring."""
+    def call(self, name: str, *args, returns: bool = True, case: str = ""):
+        """``name(*args)``, judged (see the module docstring); ``case`` describes the
+        arguments, for the refusal."""
         try:
             out = self.fns[name](*args)
         except NotImplementedError:
@@ -77,9 +78,11 @@ class Learner:
         except LabFailure:
             raise                          # a seam it called (preempt, ...) refused it already
         except Exception as e:
-            raise LabFailure(name, [f"raised {type(e).__name__}: {e}", self._where(e)]) from None
+            raise LabFailure(name, [f"raised {type(e).__name__}: {e}", self._where(e)],
+                             case) from None
         if returns and out is None:
-            raise LabFailure(name, "returned None (does the body end without a `return`?)")
+            raise LabFailure(name, "returned None (does the body end without a `return`?)",
+                             case)
         return out
 
     def _where(self, exc: BaseException) -> str:

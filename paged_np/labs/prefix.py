@@ -78,7 +78,7 @@ def call_match_prefix(learner, index, token_ids, page_size, extra_key=None) -> l
     case = (f"token_ids={list(token_ids)}, page_size={page_size}; the cached pages "
             f"(children indented under their parent):\n{describe_cache(index, extra_key)}")
     got = learner.call("match_prefix", list(token_ids), page_size,
-                       children_of(index, extra_key))
+                       children_of(index, extra_key), case=case)
     cap = (len(token_ids) - 1) // page_size * page_size
     want = index.package_walk(list(token_ids[:cap]), extra_key)
     try:

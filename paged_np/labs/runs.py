@@ -22,11 +22,12 @@ and who was preempted, step by step.
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .report import LabFailure, first_difference
+from .report import LabFailure, NotDoneYet, first_difference
 
 CHATS = ("What is the capital of France?", "Name three colors.",
          "What is the capital of France?")
@@ -152,6 +153,13 @@ def serve(w: Workload, options: dict, blame: str) -> Trace:
         except LabFailure as e:
             e.case = f"{case}: {e.case}" if e.case else case
             raise
+        except NotDoneYet:
+            raise
+        except Exception as e:      # the engine tripped over an answer no seam refused
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            raise LabFailure(blame, [f"the engine raised {type(e).__name__}: {e}",
+                                     f"(in {where.filename}, line {where.lineno}: "
+                                     f"{where.line})"], case) from e
         try:
             engine.cache.check_invariants()
         except AssertionError as e:

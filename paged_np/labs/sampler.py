@@ -52,7 +52,7 @@ HINTS = {
 
 def call_probabilities(learner, logits, temperature, top_p) -> np.ndarray:
     case = f"logits={show(logits)}, temperature={temperature}, top_p={top_p}"
-    got = learner.call("probabilities", logits.copy(), temperature, top_p)
+    got = learner.call("probabilities", logits.copy(), temperature, top_p, case=case)
     want = probs(logits, SamplingParams(temperature=temperature, top_p=top_p))
     expect("probabilities", case, np.asarray(got, dtype=np.float64)
            if np.shape(got) == want.shape else got, want, atol=1e-9, rtol=1e-6)
@@ -67,7 +67,7 @@ def call_sample(learner, logits, params, rngs) -> np.ndarray:
                                      f"temperature={p.temperature}, top_p={p.top_p}")
                      for i, p in enumerate(params))
     case = f"{len(params)} rows of {logits.shape[1]} logits ({rows})"
-    got = learner.call("sample", logits.copy(), list(params), list(rngs))
+    got = learner.call("sample", logits.copy(), list(params), list(rngs), case=case)
     arr = np.asarray(got)
     if arr.shape != want.shape or arr.dtype.kind not in "iu":
         raise LabFailure("sample", [f"returned {show(got)}",

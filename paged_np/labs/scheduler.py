@@ -93,7 +93,7 @@ def call_make_room(learner, sched, req, n: int) -> int:
                 "the least work to lose"], case)
         sched.preempt(r)
 
-    ok = learner.call("make_room", sched.running, req, fits, preempt)
+    ok = learner.call("make_room", sched.running, req, fits, preempt, case=case)
     if req not in sched.running:
         if ok:
             raise LabFailure("make_room", f"returned {ok!r} although {name(req)} preempted "
@@ -139,7 +139,7 @@ def call_admit(learner, sched, out, budget: int, preempted: bool) -> None:
         st["seats"] -= r.seats
         return True
 
-    got = learner.call("admit", list(queue), seats, preempted, try_admit)
+    got = learner.call("admit", list(queue), seats, preempted, try_admit, case=case)
     k = st["tried"]
     if not preempted and st["refused"] is None and k < len(queue) and st["budget"] > 0 \
             and queue[k].seats <= st["seats"]:

@@ -48,7 +48,7 @@ def call_allocate(learner, free_list: list) -> int:
     """The learner's page, checked: one page that was on the list, and only it gone."""
     before = list(free_list)
     case = f"free_list={before}"
-    page = learner.call("allocate", free_list)
+    page = learner.call("allocate", free_list, case=case)
     if isinstance(page, (bool, np.bool_)) or not isinstance(page, (int, np.integer)):
         raise LabFailure("allocate", f"returned {show(page)}: a page id (an int) is due", case)
     page = int(page)
@@ -67,7 +67,7 @@ def call_allocate(learner, free_list: list) -> int:
 def call_slot_mapping(learner, block_table, start: int, n: int, page_size: int) -> np.ndarray:
     """The learner's slots, checked against the package's (``slots_of``)."""
     case = f"block_table={list(block_table)}, start={start}, n={n}, page_size={page_size}"
-    got = learner.call("slot_mapping", list(block_table), start, n, page_size)
+    got = learner.call("slot_mapping", list(block_table), start, n, page_size, case=case)
     want = slots_of(list(block_table), start, n, page_size)
     arr = np.asarray(got)
     if arr.dtype.kind not in "iu":
