@@ -1,4 +1,4 @@
-"""Command line: ``python -m paged_np {demo,chat,walkthrough,bench,simulate,serve,eval,info}``.
+"""Command line: ``python -m paged_np {demo,chat,walkthrough,bench,simulate,serve,eval,lab,info}``.
 
 Each subcommand lives in its own module and is imported only when asked for,
 so ``python -m paged_np info`` stays fast and never compiles a kernel.
@@ -22,6 +22,8 @@ COMMANDS = {
     "serve": ("paged_np.cli.serve", "an OpenAI-compatible HTTP server over the engine"),
     "eval": ("paged_np.cli.eval",
              "perplexity and KL divergence on text shipped with Python (prompt_logprobs)"),
+    "lab": ("paged_np.cli.lab",
+            "run the engine on your lab's code (labs/): accepted when every token is ours"),
     "info": ("paged_np.cli.info", "versions, backends and the machine"),
 }
 
