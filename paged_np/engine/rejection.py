@@ -6,9 +6,10 @@ is the distribution of the token after the input and ``d_0 .. d_{i-1}``. One
 call of :func:`rejection_sample` turns those rows into the tokens the step
 emits: the accepted drafts, then one more token.
 
-- **Greedy** (``params.greedy``: temperature below ``1e-5``, as vLLM): keep the longest prefix of drafts equal
-  to the argmax of their rows, then the argmax of the first row that
-  disagrees (or of the last row, the bonus, when all agree). The tokens are
+- **Greedy** (``params.greedy``: a temperature below ``1e-5``, as in vLLM): keep
+  the longest prefix of drafts equal to the argmax of their rows, then the
+  argmax of the first row that disagrees (or of the last row, the bonus, when
+  all agree). The tokens are
   exactly the ones greedy decoding without drafts would give.
 - **Sampling** (Leviathan et al. 2023, Chen et al. 2023): with ``p_i`` the
   target distribution of row ``i`` (temperature, top-k, top-p applied by
