@@ -28,13 +28,12 @@ bad value fails at construction with the field's name, not when uvicorn starts.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..checks import check_int, check_positive_int
+from ..checks import check_int, check_positive_int, replace_fields
 from ..errors import DTypeError, InvalidArgument
 
 #: uvicorn's log levels (``--log-level``).
@@ -141,16 +140,7 @@ class ServerConfig:
 
         Unknown option names are refused with the list of known ones.
         """
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise InvalidArgument(f"unknown server option(s) {unknown}; the options are "
-                                  f"{sorted(known)}")
-        if config is None:
-            return cls(**options)
-        if not isinstance(config, cls):
-            raise DTypeError(f"config must be a ServerConfig, got {type(config).__name__}")
-        return dataclasses.replace(config, **options)
+        return replace_fields(cls, config, options, "server")
 
 
 def _check_text(name: str, value) -> None:
