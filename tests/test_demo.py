@@ -33,15 +33,15 @@ def test_workload_shares_a_system_prompt():
 
 
 def _tamper(monkeypatch, change):
-    """Run the real serve, then ``change(outs)`` before the demo checks them."""
-    real = demo.serve
+    """Run the real replay, then ``change(outs)`` before the demo checks them."""
+    real = demo.replay
 
-    def serve(engine, work, on_finish=None):
+    def replay(engine, work, on_finish=None):
         outs = real(engine, work, on_finish)
         change(outs)
         return outs
 
-    monkeypatch.setattr(demo, "serve", serve)
+    monkeypatch.setattr(demo, "replay", replay)
 
 
 def test_demo_catches_a_truncated_request(tmp_path, capsys, monkeypatch):
