@@ -88,7 +88,7 @@ class Engine:
         refusal = self.cache.prefix_index.no_sliding_window
         if self.sliding_window is not None and refusal:
             raise InvalidArgument(f"Engine: prefix_cache={cfg.prefix_cache!r} cannot serve a "
-                                  f"sliding window: {refusal}")
+                                  f"sliding-window model or option: {refusal}")
         self.scheduler = SCHEDULERS.load(cfg.scheduler)(self.cache, cfg, self.sliding_window)
         self.sampler = SAMPLERS.load(cfg.sampler)        # (logits, params, rngs) -> ids
         self._step = ENGINE_STEPS.load(cfg.engine_step)  # (engine) -> finished outputs
