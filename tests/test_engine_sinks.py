@@ -176,3 +176,14 @@ def test_release_keeps_the_sink_pages_and_forks_share_them():
     cache.free("b")
     cache.check_invariants()
     assert cache.stats()["num_in_use"] == 0
+
+
+def test_serve_takes_the_window_and_sinks_and_lifts_the_position_limit():
+    from paged_np.cli import serve
+
+    args = serve.build_parser().parse_args(["--model", serve.TINY_MODEL, "--num-pages", "16",
+                                            "--sliding-window", "64", "--attention-sinks", "4",
+                                            "--backend", "numpy"])
+    llm = serve.build_llm(args)
+    assert (llm.engine.sliding_window, llm.engine.attention_sinks) == (64, 4)
+    assert llm.max_model_len > llm.model.cfg.max_position_embeddings
