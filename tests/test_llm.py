@@ -295,7 +295,7 @@ OPTION_VALUES = {
     "max_num_seqs": 5,
     "max_num_batched_tokens": 96, "preemption_mode": "swap", "swap_pages": 7,
     "schedule": "lpm", "prefix_cache": "radix", "eviction_policy": "fifo",
-    "backend": "numba", "record_events": True,
+    "backend": "numba", "record_events": True, "sliding_window": 64, "attention_sinks": 4,
     "speculative_config": pnp.SpeculativeConfig(num_speculative_tokens=3),
     "kv_cache": "paged", "scheduler": "vllm", "sampler": "vllm", "engine_step": "vllm",
 }

@@ -39,3 +39,20 @@ def test_chat_reset_and_end_of_input():
                      stdin=stdin, stdout=out) == 0
     text = out.getvalue()
     assert "(new conversation)" in text and text.count("[reused") == 2
+
+
+def test_endless_chat_outgrows_the_arena_and_the_positions_with_flat_pages():
+    """--sliding-window --attention-sinks: the conversation passes the arena (96 slots)
+    and the tiny model's 2,048 positions; no turn holds more than its window's pages."""
+    out = io.StringIO()
+    turns = "".join(f"Tell me more, part {i}\n" for i in range(10)) + "/exit\n"
+    assert chat.main(["--model", "tiny", "--max-tokens", "240", "--backend", "numpy",
+                      "--sliding-window", "64", "--attention-sinks", "4", "--num-pages", "12",
+                      "--page-size", "8", "--max-num-batched-tokens", "32"],
+                     stdin=io.StringIO(turns), stdout=out) == 0
+    found = re.findall(r"context ([\d,]+) tokens, at most (\d+) pages in use", out.getvalue())
+    assert len(found) == 10
+    contexts = [int(c.replace(",", "")) for c, _ in found]
+    assert contexts[-1] > 2048 > 96 and contexts == sorted(contexts)
+    # the sink page, the window's 8 pages plus a chunk of 32 tokens, one page of slack
+    assert max(int(p) for _, p in found) <= 1 + (64 + 32) // 8 + 1

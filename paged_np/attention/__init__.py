@@ -44,9 +44,11 @@ from ..errors import (  # BackendUnavailable: defined in errors, still importabl
 from ..registry import ATTENTION_BACKENDS, ATTENTION_THREADS, backend_names, check_backend
 from .validate import (
     PagedAttentionArgs,
+    as_attention_sinks,
     as_sliding_window,
     check_arrays,
     check_metadata,
+    check_q_sinks,
     check_scales,
     int_array,
     resolve_scale,
@@ -95,6 +97,7 @@ class AttentionMetadata:
     num_pages: int               # the page ids were checked against this many pages
     page_size: int
     threads: str = "python"      # whose threads run the numba backend's items
+    attention_sinks: int = 0     # first tokens every query sees (with a window)
     plans: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -110,8 +113,9 @@ class AttentionMetadata:
         else:
             qsl = int_array("query_start_loc", qsl, 1)
             T = int(qsl[-1]) if qsl.size else 0
+        sinks = as_attention_sinks(self.attention_sinks, window)
         arrays = check_metadata(self.block_tables, self.seq_lens, qsl, window or None, T,
-                                 num_pages, page_size)[:3]
+                                 num_pages, page_size, sinks)[:3]
         for name, arr in zip(("block_tables", "seq_lens", "query_start_loc"), arrays):
             arr = arr.copy()  # our own, read-only: checked once, trusted by every layer
             arr.flags.writeable = False
@@ -119,6 +123,7 @@ class AttentionMetadata:
         object.__setattr__(self, "num_pages", num_pages)
         object.__setattr__(self, "page_size", page_size)
         object.__setattr__(self, "sliding_window", window)
+        object.__setattr__(self, "attention_sinks", sinks)
 
     @property
     def num_tokens(self) -> int:
@@ -127,26 +132,27 @@ class AttentionMetadata:
 
     @classmethod
     def build(cls, block_tables, seq_lens, query_start_loc=None, sliding_window=None, *,
-              num_pages, page_size, threads="python") -> "AttentionMetadata":
+              num_pages, page_size, threads="python", attention_sinks=0) -> "AttentionMetadata":
         """Check the step's metadata against an arena of ``num_pages`` pages of ``page_size``.
 
         The arguments and errors are :func:`paged_attention`'s
         (``query_start_loc=None``: one query per sequence; ``sliding_window``
-        None or >= 1); ``threads`` as in the class docstring.
+        None or >= 1; ``attention_sinks`` >= 0); ``threads`` as in the class docstring.
         """
         return cls(block_tables, seq_lens, query_start_loc, as_sliding_window(sliding_window),
-                   num_pages, page_size, threads)
+                   num_pages, page_size, threads, attention_sinks)
 
 
 def paged_attention(q, k_pages, v_pages, block_tables=None, seq_lens=None,
                     query_start_loc=None, scale=None, sliding_window=None, backend="auto",
-                    return_lse=False, *, metadata=None, k_scales=None, v_scales=None):
+                    return_lse=False, *, metadata=None, k_scales=None, v_scales=None,
+                    attention_sinks=None, q_sinks=None):
     """Attention of a batch of queries over a paged KV cache.
 
     Query ``i`` of sequence ``b`` (with ``n_q`` queries) sits at position
     ``seq_lens[b] - n_q + i`` and sees keys at positions ``<=`` its own (and
-    ``> position - sliding_window``). Query head ``h`` reads kv head
-    ``h // (num_heads // num_kv_heads)``.
+    ``> position - sliding_window``, or ``< attention_sinks``). Query head ``h``
+    reads kv head ``h // (num_heads // num_kv_heads)``.
 
     Non-contiguous host arrays are copied to C order first (a full copy of the
     pages if they are strided: pass ``cache.layer(i)`` views, which are contiguous).
@@ -184,6 +190,15 @@ def paged_attention(q, k_pages, v_pages, block_tables=None, seq_lens=None,
         of a page is ``code * scale[page, head, t]`` (``cache.layer_scales(i)``;
         see :mod:`paged_np.cache.kv_quant`). The kernels widen each code as
         they read it and apply the scale once per score and per weight.
+    attention_sinks : int, optional
+        With a sliding window: the first ``attention_sinks`` keys stay visible
+        to every query (StreamingLLM's attention sinks; at most the window).
+        In the metadata when ``metadata`` is given.
+    q_sinks : ndarray like ``q``, optional
+        The queries that score the sink keys (``j < attention_sinks``); None:
+        ``q``. A RoPE model passes ``q`` rotated to its cache-relative position
+        (:meth:`paged_np.LlamaModel.forward`), so the distance to a sink never
+        grows past ``attention_sinks + sliding_window``.
 
     Returns
     -------
@@ -211,16 +226,23 @@ def paged_attention(q, k_pages, v_pages, block_tables=None, seq_lens=None,
     if metadata is None:
         args = validate_paged_attention_inputs(q, k_pages, v_pages, block_tables, seq_lens,
                                                query_start_loc, scale, sliding_window,
-                                               allow_device=(name == "cuda"))
+                                               allow_device=(name == "cuda"),
+                                               attention_sinks=attention_sinks)
+        sinks = as_attention_sinks(attention_sinks, args.sliding_window)
     else:
         args = _with_metadata(q, k_pages, v_pages, metadata, scale, name == "cuda",
                               block_tables=block_tables, seq_lens=seq_lens,
-                              query_start_loc=query_start_loc, sliding_window=sliding_window)
+                              query_start_loc=query_start_loc, sliding_window=sliding_window,
+                              attention_sinks=attention_sinks)
+        sinks = metadata.attention_sinks
         if name == "numba":  # the one backend with a plan worth keeping across layers
             extra.update(plans=metadata.plans, threads=metadata.threads)
     k_scales, v_scales = check_scales(args.k_pages, k_scales, v_scales, name == "cuda")
     if k_scales is not None:
         extra.update(k_scales=k_scales, v_scales=v_scales)
+    q_sinks = check_q_sinks(q_sinks, args.q, name == "cuda")
+    if sinks:  # only then: a backend that knows no sinks still serves every other call
+        extra.update(attention_sinks=sinks, q_sinks=q_sinks)
     out, lse = load_backend(name).forward(*args, bool(return_lse), **extra)
     return (out, lse) if return_lse else out
 

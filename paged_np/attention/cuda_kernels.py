@@ -35,6 +35,12 @@ The running max starts at a finite sentinel (``-1e30``), never ``-inf``, so
 row's causal/sliding window get probability exactly 0, and K/V values of
 positions past ``seq_len`` are never loaded (they may be NaN garbage).
 
+Attention sinks: with ``sinks > 0`` the block walks the sink keys the window
+leaves out (``[0, min(sinks, kv_lo))``) before the window's, as if they stood
+just before it: tile key ``n`` is position ``n`` below ``n_sink``, else
+``kv_lo + n - n_sink``. A row scores a sink outside its own window with the
+sinks' query ``qs`` (staged beside ``q``), anything else with ``q``.
+
 Split-K: for decode with few sequences, ``B * num_kv_heads`` blocks do not fill
 a GPU. The grid's third axis cuts each row tile's keys into ``num_splits``
 ranges; each writes a partial output normalised by its own sum plus its
@@ -83,6 +89,12 @@ def _min(a, b):
 
 
 @cuda.jit(device=True)
+def _key_pos(idx, n_sink, kv_lo):
+    """Position of a block's ``idx``-th key: the ``n_sink`` sinks first, then the window."""
+    return idx if idx < n_sink else kv_lo + idx - n_sink
+
+
+@cuda.jit(device=True)
 def _widen(x, scales, page, kh, off, lut, codes):
     """One page element as float32: itself, or an 8-bit code times its token's scale.
 
@@ -121,7 +133,7 @@ def _row_sum(x):
 @cuda.jit
 def paged_attention_kernel(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
                            work_seq, work_row0, scale, window, group, out_part, lse_part,
-                           k_scales, v_scales, lut, codes):
+                           k_scales, v_scales, lut, codes, qs, sinks):
     """Grid ``(num_work, num_kv_heads, num_splits)``, ``THREADS`` threads per block.
 
     q          float32 [T, num_heads, head_dim]
@@ -129,6 +141,8 @@ def paged_attention_kernel(q, k_pages, v_pages, block_tables, seq_lens, query_st
     k/v_scales float32 [num_pages, num_kv_heads, page_size] (read when codes > 0)
     lut        float32 [256]: fp8 e4m3 code -> value (read when codes == 2)
     codes      0: float pages, 1: int8 codes, 2: fp8 e4m3 codes
+    qs         float32 like q: the queries that score the sinks out of their window
+    sinks      int: the first keys every query sees (0: none)
     work_seq   int32 [num_work]: the sequence of each row tile
     work_row0  int32 [num_work]: its first row (row = query * group + head)
     out_part   float32 [num_splits, T, num_heads, head_dim] (normalised per split)
@@ -160,12 +174,14 @@ def paged_attention_kernel(q, k_pages, v_pages, block_tables, seq_lens, query_st
     kv_lo = 0
     if window > 0:
         kv_lo = _max(0, first + row0 // group - window + 1)
-    n_tiles = (kv_hi - kv_lo + TILE_N - 1) // TILE_N
+    n_sink = _min(sinks, kv_lo)          # sinks no row's window starts at: walked first
+    n_tiles = (n_sink + kv_hi - kv_lo + TILE_N - 1) // TILE_N
     per_split = (n_tiles + num_splits - 1) // num_splits
     t_begin = split * per_split
     t_end = _min(n_tiles, t_begin + per_split)
 
     q_s = cuda.shared.array((ROWS, PAD), float32)        # scaled queries
+    qs_s = cuda.shared.array((ROWS, PAD), float32)       # scaled sinks' queries
     k_s = cuda.shared.array((TILE_N, PAD), float32)      # K tile, as float32
     v_s = cuda.shared.array((TILE_N, PAD), float32)      # V tile, as float32
     p_s = cuda.shared.array((ROWS, TILE_N), float32)     # probabilities of the tile
@@ -183,8 +199,10 @@ def paged_attention_kernel(q, k_pages, v_pages, block_tables, seq_lens, query_st
             row = row0 + rr
             i = row // group
             q_s[rr, d] = q[q0 + i, kh * group + row - i * group, d] * scale
+            qs_s[rr, d] = qs[q0 + i, kh * group + row - i * group, d] * scale
         else:
             q_s[rr, d] = 0.0
+            qs_s[rr, d] = 0.0
 
     m_run = float32(SENTINEL)            # running max of row r (same in its 16 lanes)
     l_run = float32(0.0)                 # running sum of exp(s - m_run)
@@ -194,10 +212,10 @@ def paged_attention_kernel(q, k_pages, v_pages, block_tables, seq_lens, query_st
             acc[rr, jj] = 0.0
 
     for tile in range(t_begin, t_end):
-        start = kv_lo + tile * TILE_N
+        start = tile * TILE_N            # index among the block's keys: sinks, then window
         # 1. Where each key of the tile lives: one block-table read per key.
         if tid < TILE_N:
-            j = start + tid
+            j = _key_pos(start + tid, n_sink, kv_lo)
             if j < kv_hi:
                 logical = j // page_size
                 page_s[tid] = block_tables[b, logical]
@@ -221,13 +239,18 @@ def paged_attention_kernel(q, k_pages, v_pages, block_tables, seq_lens, query_st
                 v_s[nn, d] = 0.0
         cuda.syncthreads()
         # 3. Score of (row r, key n), then the online softmax of row r.
-        j = start + n
-        valid = r < n_rows and j < kv_hi and j <= pos and (window == 0 or j > pos - window)
+        j = _key_pos(start + n, n_sink, kv_lo)
+        in_window = window == 0 or j > pos - window
+        valid = r < n_rows and j < kv_hi and j <= pos and (in_window or j < sinks)
         s = float32(SENTINEL)
         if valid:
             dot = float32(0.0)
-            for d in range(head_dim):
-                dot += q_s[r, d] * k_s[n, d]
+            if in_window:
+                for d in range(head_dim):
+                    dot += q_s[r, d] * k_s[n, d]
+            else:                        # a sink the window leaves out
+                for d in range(head_dim):
+                    dot += qs_s[r, d] * k_s[n, d]
             s = dot
         m_new = _max(m_run, _row_max(s))
         p = float32(0.0)

@@ -68,6 +68,7 @@ from .numba_kernels import (
     SPARE_COLUMNS,
     accumulate_pv,
     mask_scores,
+    mask_sink_scores,
     online_softmax,
     online_softmax_scaled,
     pad_block,
@@ -90,8 +91,20 @@ BLOCK_KEYS = 128
 
 
 @njit(**JIT_OPTIONS)
+def _load_rows(qsrc, qt, q0, nq, kvh0, G, R, R4, RT):
+    """``qt[rt] = `` the query of row ``rt`` (kv head ``rt // R4``); padding rows are zero."""
+    D = qt.shape[1]
+    for rt in range(RT):
+        h, r = rt // R4, rt % R4
+        i = min(r // G, nq - 1)  # padding rows: zero queries at the last position
+        for d in range(D):
+            qt[rt, d] = qsrc[q0 + i, (kvh0 + h) * G + r % G, d] if r < R else 0.0  # [RT, D]
+
+
+@njit(**JIT_OPTIONS)
 def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, klo, khi, window,
-                 out, lse, qt, row_pos, s, m, l, acc, k_scales, v_scales, ksc, vsc, scratch):
+                 out, lse, qt, row_pos, s, m, l, acc, k_scales, v_scales, ksc, vsc, scratch,
+                 q2s, sinks):
     """One work item: ``nq`` queries x ``n_kv * G`` heads against keys ``[klo, khi)``.
 
     The item covers kv heads ``kvh0 .. kvh0 + n_kv - 1``. Writes the
@@ -101,6 +114,11 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, kl
     the scales of 8-bit pages (None for float pages: Numba then compiles a
     version without the scaling, its ``is not None`` branches pruned) with
     ``ksc, vsc`` ``[n_kv, KB]``, scratch for one block's scales.
+
+    Attention sinks (``sinks > 0``, only on the item that starts the keys of its
+    rows): first a pass over keys ``[0, sinks)`` with the queries ``q2s``, each
+    row seeing the sinks its window does not cover (:func:`mask_sink_scores`),
+    then the window's keys as always: the two sets never overlap.
 
     A row's arithmetic does not depend on how many keys the item reads past
     the row's own position (its other queries' keys, masked for it): keys go
@@ -119,44 +137,48 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, kl
     # Plain loops, not slice assignments: each slice-assignment variant costs
     # Numba about a second of compile time (measured), and these are tiny.
     for rt in range(RT):
-        h, r = rt // R4, rt % R4
-        i = min(r // G, nq - 1)  # padding rows: zero queries at the last position
-        row_pos[rt] = first_pos + i
+        row_pos[rt] = first_pos + min((rt % R4) // G, nq - 1)
         m[rt] = EMPTY  # running max (log2 units)
         l[rt] = 0.0  # running sum of weights
         for d in range(D):
-            qt[rt, d] = q2[q0 + i, (kvh0 + h) * G + r % G, d] if r < R else 0.0  # [RT, D]
             acc[rt, d] = 0.0  # running sum of weight * v   [RT, D]
-    page_lo, page_hi = klo // P, (khi - 1) // P + 1
     PB = KB // P  # pages per block
-    for blk in range(page_lo, page_hi, PB):
-        blk_hi = min(blk + PB, page_hi)
-        key0 = blk * P  # position of the block's first key
-        n = min(khi, blk_hi * P) - key0  # keys of the block (those < klo get masked)
-        for j in range(blk, blk_hi):  # scores of every page: s[:RT, :n]
-            c = (j - blk) * P
-            nxt = bt_row[j + 1] if j + 1 < page_hi else -1  # page to prefetch meanwhile
-            for h in range(n_kv):  # the kv heads' tiles of a page lie side by side
-                tile_scores(qt, k_pages, bt_row[j], kvh0 + h, s, h * R4, (h + 1) * R4, c,
-                            min(n - c, P), nxt)
-                if k_scales is not None:  # 8-bit: this page's scales, for the softmax
-                    for t in range(min(n - c, P)):
-                        ksc[h, c + t] = k_scales[bt_row[j], kvh0 + h, t]
-                        vsc[h, c + t] = v_scales[bt_row[j], kvh0 + h, t]
-        # Mask only blocks that some row cannot fully see (causal edge, window).
-        if key0 + n - 1 > first_pos or (window > 0 and key0 <= last_pos - window):
-            mask_scores(s, row_pos, RT, key0, n, window)
-        n16 = pad_block(s, RT, n)  # keys past n masked, up to a multiple of 16
-        if k_scales is not None:  # scales each score and weight by its token's scales
-            online_softmax_scaled(s, m, l, acc, RT, n16, ksc, vsc, R4, scratch)
-        else:
-            online_softmax(s, m, l, acc, RT, n16, scratch)
-        for j in range(blk, blk_hi):  # acc[:RT] += p[:RT, :n] @ V
-            c = (j - blk) * P
-            nxt = bt_row[j + 1] if j + 1 < page_hi else -1
-            for h in range(n_kv):
-                accumulate_pv(s, v_pages, bt_row[j], kvh0 + h, acc, h * R4, (h + 1) * R4, c,
-                              min(n - c, P), nxt)
+    # Phase 0: the sinks some row's window leaves out; phase 1: the window.
+    first_phase = 0 if sinks > 0 and window > 0 and last_pos - window + 1 > 0 else 1
+    for phase in range(first_phase, 2):
+        lo_k, hi_k = (0, sinks) if phase == 0 else (klo, khi)
+        _load_rows(q2s if phase == 0 else q2, qt, q0, nq, kvh0, G, R, R4, RT)
+        page_lo, page_hi = lo_k // P, (hi_k - 1) // P + 1
+        for blk in range(page_lo, page_hi, PB):
+            blk_hi = min(blk + PB, page_hi)
+            key0 = blk * P  # position of the block's first key
+            n = min(hi_k, blk_hi * P) - key0  # keys of the block (those < lo_k get masked)
+            for j in range(blk, blk_hi):  # scores of every page: s[:RT, :n]
+                c = (j - blk) * P
+                nxt = bt_row[j + 1] if j + 1 < page_hi else -1  # page to prefetch meanwhile
+                for h in range(n_kv):  # the kv heads' tiles of a page lie side by side
+                    tile_scores(qt, k_pages, bt_row[j], kvh0 + h, s, h * R4, (h + 1) * R4, c,
+                                min(n - c, P), nxt)
+                    if k_scales is not None:  # 8-bit: this page's scales, for the softmax
+                        for t in range(min(n - c, P)):
+                            ksc[h, c + t] = k_scales[bt_row[j], kvh0 + h, t]
+                            vsc[h, c + t] = v_scales[bt_row[j], kvh0 + h, t]
+            if phase == 0:  # a sink inside a row's window is the window's
+                mask_sink_scores(s, row_pos, RT, key0, n, window)
+            # Mask only blocks that some row cannot fully see (causal edge, window).
+            elif key0 + n - 1 > first_pos or (window > 0 and key0 <= last_pos - window):
+                mask_scores(s, row_pos, RT, key0, n, window)
+            n16 = pad_block(s, RT, n)  # keys past n masked, up to a multiple of 16
+            if k_scales is not None:  # scales each score and weight by its token's scales
+                online_softmax_scaled(s, m, l, acc, RT, n16, ksc, vsc, R4, scratch)
+            else:
+                online_softmax(s, m, l, acc, RT, n16, scratch)
+            for j in range(blk, blk_hi):  # acc[:RT] += p[:RT, :n] @ V
+                c = (j - blk) * P
+                nxt = bt_row[j + 1] if j + 1 < page_hi else -1
+                for h in range(n_kv):
+                    accumulate_pv(s, v_pages, bt_row[j], kvh0 + h, acc, h * R4, (h + 1) * R4,
+                                  c, min(n - c, P), nxt)
     for h in range(n_kv):
         for i in range(nq):
             for g in range(G):
@@ -170,13 +192,15 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, kl
 
 @njit(**JIT_OPTIONS)
 def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items, w0, w1,
-               max_rows, window, part_out, part_lse, heads_per_item, k_scales, v_scales):
+               max_rows, window, part_out, part_lse, heads_per_item, k_scales, v_scales,
+               q2s, sinks):
     """Items ``w0:w1`` of the plan, one after the other, sharing one set of scratch arrays.
 
     ``max_rows``: the most rows (queries x G) an item has per kv head; each
     item takes ``heads_per_item`` kv heads.
 
-    ``q2``: queries already multiplied by ``scale * log2(e)`` ``[T, H, D]``.
+    ``q2``: queries already multiplied by ``scale * log2(e)`` ``[T, H, D]``; ``q2s``
+    the same for the ``sinks`` first keys (``q2`` itself when the model has no other).
     Writes ``part_out [S, T, H, D]`` and ``part_lse [S, T, H]``, one slice per
     split part (``S = 1``: the final answer).
     """
@@ -203,25 +227,25 @@ def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, it
         _attend_item(q2, k_pages, v_pages, block_tables[b], first_pos, q0, nq, it[ITEM_KVH],
                      heads_per_item, it[ITEM_KLO], it[ITEM_KHI], window, part_out[it[ITEM_SPLIT]],
                      part_lse[it[ITEM_SPLIT]], qt, row_pos, s, m, l, acc, k_scales, v_scales,
-                     ksc, vsc, scratch)
+                     ksc, vsc, scratch, q2s, sinks if it[ITEM_SPLIT] == 0 else 0)
 
 
 @njit(parallel=True, **JIT_OPTIONS)
 def _run_blocks(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
                 num_threads, max_rows, window, part_out, part_lse, heads_per_item, k_scales,
-                v_scales):
+                v_scales, q2s, sinks):
     """Block ``th`` of the plan on thread ``th`` of Numba's own workers (OpenMP): see
     :func:`_attend_items` for when (``benchmarks/attention_dispatch.py`` times it)."""
     per_thread = items.shape[0] // num_threads
     for th in prange(num_threads):
         _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
                    th * per_thread, (th + 1) * per_thread, max_rows, window, part_out,
-                   part_lse, heads_per_item, k_scales, v_scales)
+                   part_lse, heads_per_item, k_scales, v_scales, q2s, sinks)
 
 
 def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
                   num_threads, max_rows, window, part_out, part_lse, heads_per_item=1,
-                  k_scales=None, v_scales=None, threads="python"):
+                  k_scales=None, v_scales=None, threads="python", q2s=None, sinks=0):
     """The parallel driver: thread ``th`` runs block ``th`` of the plan.
 
     ``items`` holds one contiguous block of rows per thread (see
@@ -245,7 +269,8 @@ def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
     ``"python"`` (a failed check inside a ``prange`` loop is lost).
     """
     args = (q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items)
-    tail = (max_rows, window, part_out, part_lse, heads_per_item, k_scales, v_scales)
+    tail = (max_rows, window, part_out, part_lse, heads_per_item, k_scales, v_scales,
+            q2 if q2s is None else q2s, sinks)
     if threads == "numba" and num_threads > 1 and not BOUNDSCHECK:
         serial(_run_blocks)(*args, num_threads, *tail)  # serial: in a forked child
         return
@@ -322,7 +347,8 @@ def _merge_splits(part_out, part_lse, out, lse):
 
 
 def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
-            sliding_window, return_lse, *, plans=None, k_scales=None, v_scales=None, **knobs):
+            sliding_window, return_lse, *, plans=None, k_scales=None, v_scales=None,
+            attention_sinks=0, q_sinks=None, **knobs):
     """Backend entry (validated arguments, see the contract in docs/design.md).
 
     Sequences with at least ``blas_min_queries`` queries go to
@@ -337,6 +363,8 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     the metadata and the shapes, so the first layer makes it and the others
     find it there. ``k_scales, v_scales``: float32 ``[num_pages, num_kv_heads,
     page_size]`` with 8-bit pages (int8 codes, or uint8 fp8 e4m3 bits).
+    ``attention_sinks``, ``q_sinks``: the first keys every query sees, and the
+    queries that score them (None: ``q``), as in ``paged_attention``.
     """
     T, H, D = q.shape
     out = np.zeros((T, H, D), np.float32)
@@ -344,6 +372,7 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     if T == 0:
         return out, (lse if return_lse else None)
     window = int(sliding_window or 0)
+    sinks = int(attention_sinks) if window else 0
     num_kv_heads, page_size = k_pages.shape[1], k_pages.shape[2]
     seq_lens = np.ascontiguousarray(seq_lens, np.int64)
     qsl = np.ascontiguousarray(query_start_loc, np.int64)
@@ -358,21 +387,24 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     # The kernel first: a split-K merge rewrites all T rows, BLAS then fills its own.
     if plan.items is not None:
         _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, plan, scale, window,
-                        out, lse, k_scales, v_scales)
+                        out, lse, k_scales, v_scales, sinks, q_sinks)
     for b in plan.blas_seqs:  # long prefill chunks: BLAS
         attend_sequence(q, k_pages, v_pages, block_tables[b], int(seq_lens[b]), int(qsl[b]),
-                        int(qsl[b + 1] - qsl[b]), scale, window, out, lse, k_scales, v_scales)
+                        int(qsl[b + 1] - qsl[b]), scale, window, out, lse, k_scales, v_scales,
+                        sinks, q_sinks)
     return out, (lse if return_lse else None)
 
 
 def _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, plan, scale, window,
-                    out, lse, k_scales=None, v_scales=None):
+                    out, lse, k_scales=None, v_scales=None, sinks=0, q_sinks=None):
     """The Numba kernel on the plan's items; writes their rows of out, lse."""
     T, H, D = q.shape
     G = H // k_pages.shape[1]
     if k_pages.dtype == np.float16:  # Numba cannot load float16: pass the bits
         k_pages, v_pages = k_pages.view(np.uint16), v_pages.view(np.uint16)
     q2 = np.multiply(q, np.float32(scale) * LOG2E, dtype=np.float32)  # log2 units
+    q2s = q2 if q_sinks is None or not sinks else np.multiply(
+        q_sinks, np.float32(scale) * LOG2E, dtype=np.float32)  # the sinks' queries
     S = plan.num_splits
     if S == 1:  # the items write the answer directly
         part_out, part_lse = out[None], lse[None]
@@ -381,6 +413,6 @@ def _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, plan, scal
         part_lse = np.full((S, T, H), EMPTY, np.float32)
     _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, qsl, plan.items,
                   plan.num_threads, plan.q_tile * G, window, part_out, part_lse,
-                  plan.heads_per_item, k_scales, v_scales, plan.threads)
+                  plan.heads_per_item, k_scales, v_scales, plan.threads, q2s, sinks)
     if S > 1:
         _merge_splits(part_out, part_lse, out, lse)  # writes every token's rows

@@ -201,17 +201,20 @@ def _scale_args(k_pages, k_scales, v_scales):
 
 
 def launch(p: Plan, q, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
-           scale: float, sliding_window: int, out, lse, k_scales=None, v_scales=None):
+           scale: float, sliding_window: int, out, lse, k_scales=None, v_scales=None,
+           attention_sinks=0, q_sinks=None):
     """Run the kernels of a plan on device arrays; fills ``out`` [T, H, D] and ``lse`` [T, H].
 
-    8-bit pages (int8, or uint8 fp8 e4m3 codes) need their ``k_scales, v_scales``.
+    8-bit pages (int8, or uint8 fp8 e4m3 codes) need their ``k_scales, v_scales``;
+    ``q_sinks`` (device, like q; None: q) scores the ``attention_sinks`` first keys.
     """
     T, H, D = q.shape
     if p.num_work == 0:
         return
     args = (q, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
             p.work_seq, p.work_row0, np.float32(scale), int(sliding_window), p.group)
-    quant = _scale_args(k_pages, k_scales, v_scales)
+    quant = (*_scale_args(k_pages, k_scales, v_scales), q if q_sinks is None else q_sinks,
+             int(attention_sinks) if sliding_window else 0)
     grid = (p.num_work, k_pages.shape[1], p.num_splits)
     if p.num_splits == 1:        # one split: write the final arrays directly
         K.paged_attention_kernel[grid, K.THREADS](
@@ -227,7 +230,8 @@ def launch(p: Plan, q, k_pages, v_pages, block_tables, seq_lens, query_start_loc
 # The backend entry point
 # ---------------------------------------------------------------------------
 def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
-            sliding_window, return_lse, *, num_splits=None, k_scales=None, v_scales=None):
+            sliding_window, return_lse, *, num_splits=None, k_scales=None, v_scales=None,
+            attention_sinks=0, q_sinks=None):
     """Paged attention on the GPU (the internal backend contract, see docs/design.md).
 
     q [T, H, D] float32; k_pages, v_pages [num_pages, Hkv, page_size, D]
@@ -265,7 +269,8 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     lse = cuda.device_array((T, H), np.float32)
     launch(p, _to_device(q), _to_device(k_pages), _to_device(v_pages), cuda.to_device(bt),
            cuda.to_device(sl), cuda.to_device(qsl), float(scale), int(sliding_window or 0),
-           out, lse, k_scales, v_scales)
+           out, lse, k_scales, v_scales, attention_sinks,
+           None if q_sinks is None else _to_device(q_sinks))
     if not on_device:
         out, lse = out.copy_to_host(), lse.copy_to_host()
     return out, (lse if return_lse else None)

@@ -230,6 +230,15 @@ def mask_scores(s, row_pos, n_rows, key_pos0, n_keys, window):
                 s[r, t] = MASKED
 
 
+@njit(**JIT_OPTIONS)
+def mask_sink_scores(s, row_pos, n_rows, key_pos0, n_keys, window):
+    """Attention sinks: mask the sink keys a row's window covers (``> row_pos - window``),
+    which the window's own pass scores; the row sees the rest of them here."""
+    for r in range(n_rows):
+        for t in range(max(0, row_pos[r] - window + 1 - key_pos0), n_keys):
+            s[r, t] = MASKED
+
+
 #: Columns of the score scratch past a block: :func:`tile_scores` writes up to 3 past a
 #: page's keys and :func:`pad_block` pads a block's keys to a multiple of :data:`LANES`.
 SPARE_COLUMNS = 16

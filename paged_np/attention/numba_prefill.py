@@ -99,8 +99,16 @@ def _exp2_rows(s, m, l):
         l[r] = total
 
 
+def _sink_scores(qs, ksk, out, first_pos, G, window):
+    """``out[r, j] = qs[r] . ksk[j]``, masked where sink ``j`` is in row ``r``'s window
+    (the window's columns score it): ``[rows, sinks]``."""
+    np.matmul(qs, ksk.T, out=out)
+    pos = first_pos + np.arange(out.shape[0]) // G  # [rows] each row's query position
+    out[np.arange(out.shape[1])[None, :] > (pos - window)[:, None]] = MASKED
+
+
 def attend_sequence(q, k_pages, v_pages, bt_row, seq_len, t0, n_q, scale, window, out, lse,
-                    k_scales=None, v_scales=None):
+                    k_scales=None, v_scales=None, sinks=0, q_sinks=None):
     """All heads of queries ``q[t0:t0+n_q]``, the last ``n_q`` positions of one sequence.
 
     ``k_pages``/``v_pages``: float32 or float16 ``[num_pages, num_kv_heads,
@@ -108,6 +116,10 @@ def attend_sequence(q, k_pages, v_pages, bt_row, seq_len, t0, n_q, scale, window
     ``[num_pages, num_kv_heads, page_size]`` (dequantized as they are gathered);
     ``bt_row``: the sequence's block table row.
     Writes ``out[t0:t0+n_q]`` ``[n_q, H, D]`` and ``lse[t0:t0+n_q]`` (natural log).
+
+    Attention sinks (``sinks > 0`` with a window): a tile some of whose rows
+    lose sink keys from their window scores the sinks first, with ``q_sinks``
+    (None: ``q``), in ``S``'s first columns (:func:`_sink_scores`).
     """
     H, D = q.shape[1], q.shape[2]
     num_kv_heads, P = k_pages.shape[1], k_pages.shape[2]
@@ -120,7 +132,8 @@ def attend_sequence(q, k_pages, v_pages, bt_row, seq_len, t0, n_q, scale, window
     qs = np.float32(scale) * LOG2E  # scores in log2 units, as in the kernel
     rows_max = min(n_q, Q_TILE) * G
     # One buffer for every tile's S (fresh 4 MiB arrays would page-fault each time).
-    s_buf = np.empty(rows_max * (seq_len - base), np.float32)
+    sinks = sinks if window > 0 and seq_len - window > 0 else 0  # some query loses sinks
+    s_buf = np.empty(rows_max * (sinks + seq_len - base), np.float32)
     for kvh in range(num_kv_heads):
         heads = slice(kvh * G, (kvh + 1) * G)
         ks = None if k_scales is None else k_scales[pages, kvh]          # [n_pages, P]
@@ -128,19 +141,32 @@ def attend_sequence(q, k_pages, v_pages, bt_row, seq_len, t0, n_q, scale, window
         kc = to_float32(k_pages[pages, kvh], ks).reshape(-1, D)          # [n_keys, D] float32
         vc = to_float32(v_pages[pages, kvh], vs).reshape(-1, D)
         qh = q[t0:t0 + n_q, heads] * qs  # [n_q, G, D] contiguous: rows i*G + g
+        if sinks:  # the sinks' keys and values, and the queries that score them
+            sink_pages = bt_row[:-(-sinks // P)]
+            ksk = to_float32(k_pages[sink_pages, kvh], None if ks is None else k_scales[
+                sink_pages, kvh]).reshape(-1, D)[:sinks]                 # [sinks, D]
+            vsk = to_float32(v_pages[sink_pages, kvh], None if vs is None else v_scales[
+                sink_pages, kvh]).reshape(-1, D)[:sinks]
+            qhs = qh if q_sinks is None else q_sinks[t0:t0 + n_q, heads] * qs  # [n_q, G, D]
         for i0 in range(0, n_q, Q_TILE):
             i1 = min(n_q, i0 + Q_TILE)
             p0, p1 = first_pos + i0, first_pos + i1 - 1  # positions of the tile's queries
             lo = max(0, p0 - window + 1) if window > 0 else 0
             keys = slice(lo - base, p1 + 1 - base)  # [lo, p1] in buffer rows
             qt = qh[i0:i1].reshape(-1, D)  # [rows, D], rows = (i1 - i0) * G
-            s = s_buf[:qt.shape[0] * (p1 + 1 - lo)].reshape(qt.shape[0], -1)  # [rows, n_keys]
+            ns = sinks if sinks and p1 - window + 1 > 0 else 0  # sink columns of this tile
+            s_all = s_buf[:qt.shape[0] * (ns + p1 + 1 - lo)].reshape(qt.shape[0], -1)
+            s = s_all[:, ns:]  # [rows, n_keys]: the window's keys
             np.matmul(qt, kc[keys].T, out=s)  # BLAS
             _mask_invisible(s, p0, G, lo, window)
-            m = s.max(axis=1)  # [rows] (every row sees at least its own key)
+            if ns:  # [rows, ns]: the sinks the window leaves out
+                _sink_scores(qhs[i0:i1].reshape(-1, D), ksk, s_all[:, :ns], p0, G, window)
+            m = s_all.max(axis=1)  # [rows] (every row sees at least its own key)
             l = np.empty_like(m)
-            _exp2_rows(s, m, l)  # s becomes the weights P
+            _exp2_rows(s_all, m, l)  # s_all becomes the weights P
             o = s @ vc[keys]  # [rows, D]   (BLAS)
+            if ns:
+                o += s_all[:, :ns] @ vsk  # [rows, D] the sinks' share
             o /= l[:, None]
             out[t0 + i0:t0 + i1, heads] = o.reshape(i1 - i0, G, D)
             lse[t0 + i0:t0 + i1, heads] = ((m + np.log2(l)) * LN2).reshape(i1 - i0, G)

@@ -35,6 +35,12 @@ and at the end ``out = acc / l`` and ``lse = m + log(l)``. The result equals
 the dense softmax exactly (up to rounding): every term ends up multiplied by
 ``exp(-m_final)`` whichever page it came from.
 
+**Attention sinks** (StreamingLLM): with a window, the first
+``attention_sinks`` keys stay visible to every query, so a page holding them
+is never skipped, and the sinks a row's window leaves out are scored with
+``q_sinks`` (the query as the model rotates it for them; ``q`` when None).
+Everything else is the same.
+
 To follow one page's contribution, call :func:`attend_sequence` with
 ``first_page=i, end_page=i + 1``: it returns that page alone as a partial
 ``(out, lse)``, and merging the partials of all pages
@@ -58,7 +64,8 @@ import numpy as np
 
 
 def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
-            sliding_window, return_lse, k_scales=None, v_scales=None):
+            sliding_window, return_lse, k_scales=None, v_scales=None, attention_sinks=0,
+            q_sinks=None):
     """Paged attention of a batch (validated inputs, see the module docstring).
 
     q ``[T, num_heads, head_dim]`` float32; k_pages, v_pages
@@ -66,7 +73,8 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     ``[B, max_pages]``; seq_lens int32 ``[B]``; query_start_loc int32 ``[B+1]``.
     Returns ``(out, lse)``: float32 ``[T, num_heads, head_dim]`` and
     ``[T, num_heads]`` (``lse`` is None unless ``return_lse``). 8-bit pages come
-    with ``k_scales, v_scales`` float32 ``[num_pages, num_kv_heads, page_size]``.
+    with ``k_scales, v_scales`` float32 ``[num_pages, num_kv_heads, page_size]``;
+    ``attention_sinks`` and ``q_sinks`` (like q, or None) as in :func:`attend_sequence`.
     """
     out = np.empty(q.shape, dtype=np.float32)                    # [T, H, D]
     lse = np.empty(q.shape[:2], dtype=np.float32)                # [T, H]
@@ -76,13 +84,19 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
             continue
         out[start:end], lse[start:end] = attend_sequence(
             q[start:end], k_pages, v_pages, block_tables[b], int(seq_lens[b]),
-            scale, sliding_window, k_scales=k_scales, v_scales=v_scales)
+            scale, sliding_window, k_scales=k_scales, v_scales=v_scales,
+            attention_sinks=attention_sinks,
+            q_sinks=None if q_sinks is None else q_sinks[start:end])
     return out, (lse if return_lse else None)
 
 
 def attend_sequence(q, k_pages, v_pages, block_table, seq_len, scale, sliding_window,
-                    first_page=0, end_page=None, k_scales=None, v_scales=None):
+                    first_page=0, end_page=None, k_scales=None, v_scales=None,
+                    attention_sinks=0, q_sinks=None):
     """One sequence's queries over its pages ``[first_page, end_page)``.
+
+    With a window, keys ``< attention_sinks`` stay visible too, those outside a
+    row's window scored with ``q_sinks`` ``[n_q, H, D]`` (None: with ``q``).
 
     q ``[n_q, H, D]`` are the sequence's last ``n_q`` tokens. With the default
     page range this is the full attention. A sub-range gives a *partial* result
@@ -103,6 +117,8 @@ def attend_sequence(q, k_pages, v_pages, block_table, seq_len, scale, sliding_wi
     qg = q.reshape(n_q, num_kv_heads, group, head_dim)           # [n_q, KV, G, D]
     qg = qg.transpose(1, 0, 2, 3).reshape(num_kv_heads, n_q * group, head_dim)  # [KV, R, D]
     qg = qg * np.float32(scale)                                  # [KV, R, D] scale once
+    sinks = attention_sinks if sliding_window else 0
+    qg_sinks = qg if q_sinks is None else _group_rows(q_sinks, num_kv_heads, scale)  # [KV, R, D]
     # Absolute position of each row's query: the last n_q tokens of the sequence.
     q_pos = np.arange(seq_len - n_q, seq_len)                    # [n_q]
     row_pos = np.repeat(q_pos, group)                            # [R]
@@ -119,7 +135,8 @@ def attend_sequence(q, k_pages, v_pages, block_table, seq_len, scale, sliding_wi
         n_valid = min(page_size, seq_len - page_start)           # tokens of the page in use
         # Sliding window: skip a page that lies wholly before every query's window
         # (its last token is too old even for the earliest query).
-        if sliding_window and page_start + n_valid - 1 <= q_pos[0] - sliding_window:
+        if (sliding_window and page_start + n_valid - 1 <= q_pos[0] - sliding_window
+                and page_start >= sinks):                         # ... and holds no sink
             continue
         k_pos = np.arange(page_start, page_start + n_valid)      # [P] (P = n_valid)
 
@@ -136,7 +153,12 @@ def attend_sequence(q, k_pages, v_pages, block_table, seq_len, scale, sliding_wi
         s = qg @ k_tile.transpose(0, 2, 1)                       # [KV, R, P]
         visible = k_pos[None, :] <= row_pos[:, None]             # [R, P] causal
         if sliding_window:
-            visible &= k_pos[None, :] > row_pos[:, None] - sliding_window  # [R, P]
+            in_window = k_pos[None, :] > row_pos[:, None] - sliding_window  # [R, P]
+            visible &= in_window | (k_pos < sinks)[None, :]      # [R, P] window or sink
+            n_sink = min(max(sinks - page_start, 0), n_valid)    # sink keys of the page
+            if n_sink and qg_sinks is not qg:  # those out of a row's window: its sinks' query
+                s_sink = qg_sinks @ k_tile[:, :n_sink].transpose(0, 2, 1)  # [KV, R, n_sink]
+                s[..., :n_sink] = np.where(in_window[None, :, :n_sink], s[..., :n_sink], s_sink)
         s = np.where(visible[None], s, -np.inf)                  # [KV, R, P]
 
         # Online softmax update. A row may see nothing yet (m_new = -inf): then use
@@ -160,6 +182,14 @@ def attend_sequence(q, k_pages, v_pages, block_table, seq_len, scale, sliding_wi
     out = out.reshape(num_kv_heads, n_q, group, head_dim).transpose(1, 0, 2, 3)  # [n_q, KV, G, D]
     lse = lse.reshape(num_kv_heads, n_q, group).transpose(1, 0, 2)               # [n_q, KV, G]
     return out.reshape(n_q, num_heads, head_dim), lse.reshape(n_q, num_heads)
+
+
+def _group_rows(q, num_kv_heads, scale):
+    """``q`` [n_q, H, D] as the kernel's rows: [KV, n_q * G, D], times ``scale``."""
+    n_q, num_heads, head_dim = q.shape
+    group = num_heads // num_kv_heads
+    qg = q.reshape(n_q, num_kv_heads, group, head_dim).transpose(1, 0, 2, 3)  # [KV, n_q, G, D]
+    return qg.reshape(num_kv_heads, n_q * group, head_dim) * np.float32(scale)
 
 
 def to_float32(pages: np.ndarray, scales: np.ndarray | None) -> np.ndarray:

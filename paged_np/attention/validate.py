@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..checks import check_positive_int
+from ..checks import check_int, check_positive_int
 from ..errors import DTypeError, InvalidArgument, InvalidBlockTable, ShapeError
 from ..registry import KV_FORMATS
 
@@ -42,7 +42,8 @@ class PagedAttentionArgs(NamedTuple):
 # ---------------------------------------------------------------------------
 def validate_paged_attention_inputs(q, k_pages, v_pages, block_tables, seq_lens,
                                     query_start_loc=None, scale=None, sliding_window=None,
-                                    allow_device=False) -> PagedAttentionArgs:
+                                    allow_device=False, attention_sinks=None
+                                    ) -> PagedAttentionArgs:
     """Check every argument of :func:`paged_attention`; return them normalised.
 
     Normalised means: q float32 C-contiguous; pages C-contiguous; block_tables,
@@ -52,12 +53,14 @@ def validate_paged_attention_inputs(q, k_pages, v_pages, block_tables, seq_lens,
     With ``allow_device=True`` (the cuda backend), q and the pages may be device
     arrays (``__cuda_array_interface__``): their shape, dtype and contiguity are
     checked and they pass through untouched; integer metadata given on the
-    device is copied to the host (small). Raises an error naming the argument.
+    device is copied to the host (small). ``attention_sinks`` is checked (the
+    caller reads it back with :func:`as_attention_sinks`). Raises an error naming
+    the argument.
     """
     q, k_pages, v_pages, T, head_dim = check_arrays(q, k_pages, v_pages, allow_device)
     block_tables, seq_lens, query_start_loc, window = check_metadata(
         block_tables, seq_lens, query_start_loc, sliding_window, T, int(k_pages.shape[0]),
-        int(k_pages.shape[2]))
+        int(k_pages.shape[2]), attention_sinks)
     return PagedAttentionArgs(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
                               resolve_scale(scale, head_dim), window)
 
@@ -121,11 +124,12 @@ def check_scales(k_pages, k_scales, v_scales, allow_device=False):
 
 
 def check_metadata(block_tables, seq_lens, query_start_loc, sliding_window, T, num_pages,
-                    page_size):
+                    page_size, attention_sinks=None):
     """The integer metadata of ``T`` query tokens over ``num_pages`` pages of ``page_size``.
 
     Returns ``block_tables, seq_lens, query_start_loc`` as int32 C-contiguous
-    arrays and the window as an int (0 = none).
+    arrays and the window as an int (0 = none). ``attention_sinks`` is checked
+    against the window (:func:`as_attention_sinks`) and its pages counted as used.
     """
     block_tables = int_array("block_tables", block_tables, 2)
     seq_lens = int_array("seq_lens", seq_lens, 1)
@@ -172,25 +176,28 @@ def check_metadata(block_tables, seq_lens, query_start_loc, sliding_window, T, n
         raise InvalidArgument(f"query_start_loc/seq_lens: sequence {b} has {what}; a sequence "
                               f"cannot have more queries than tokens in the cache")
     window = as_sliding_window(sliding_window)
+    sinks = as_attention_sinks(attention_sinks, window)
     # Pages wholly before every query's window are never read: they may be -1
-    # (the engine gives them back, see PagedKVCache.release_pages_before).
+    # (the engine gives them back, see PagedKVCache.release_pages_before), except
+    # the pages of the sink tokens, which every query reads.
     first_live = np.maximum((seq_lens - n_q - window + 1) // page_size, 0) if window else None
-    _check_page_ids(block_tables, n_pages, num_pages, first_live)
+    _check_page_ids(block_tables, n_pages, num_pages, first_live, -(-sinks // page_size))
 
     return (np.ascontiguousarray(block_tables, dtype=np.int32),
             np.ascontiguousarray(seq_lens, dtype=np.int32),
             np.ascontiguousarray(query_start_loc, dtype=np.int32), window)
 
 
-def _check_page_ids(block_tables, n_pages, num_pages, first_live=None):
+def _check_page_ids(block_tables, n_pages, num_pages, first_live=None, sink_pages=0):
     """Every page id a sequence uses is in ``[0, num_pages)``: O(B * max_pages).
 
-    ``first_live`` [B] (sliding window): entries before it are not used.
+    ``first_live`` [B] (sliding window): entries before it are not used, bar
+    the first ``sink_pages`` (the attention sinks' pages).
     """
     cols = np.arange(block_tables.shape[1])[None, :]                     # [1, max_pages]
     used = cols < n_pages[:, None]                                       # [B, max_pages]
     if first_live is not None:
-        used &= cols >= first_live[:, None]                              # [B, max_pages]
+        used &= (cols >= first_live[:, None]) | (cols < sink_pages)      # [B, max_pages]
     bad = used & ((block_tables < 0) | (block_tables >= num_pages))      # [B, max_pages]
     if bad.any():
         b, i = (int(x) for x in np.argwhere(bad)[0])
@@ -267,3 +274,25 @@ def as_sliding_window(window) -> int:
         return 0
     window = check_positive_int("sliding_window", window)  # None (no window) is above
     return min(window, int(_INT32_MAX))   # a window past any seq_len = no window
+
+
+def as_attention_sinks(sinks, window: int) -> int:
+    """The first tokens every query sees (StreamingLLM's attention sinks): an int >= 0,
+    at most the window (0 without a window: every key is seen anyway)."""
+    sinks = check_int("attention_sinks", 0 if sinks is None else sinks, low=0)
+    if window and sinks > window:
+        raise InvalidArgument(f"attention_sinks={sinks} is larger than sliding_window="
+                              f"{window}: sinks are a few first tokens kept beside a longer window "
+                              f"(StreamingLLM keeps 4 beside ~1,000); use at most {window}")
+    return sinks if window else 0
+
+
+def check_q_sinks(q_sinks, q, allow_device=False):
+    """The sinks' queries: like ``q`` (same shape), float32 C-contiguous; None stays None."""
+    if q_sinks is None:
+        return None
+    q_sinks = _float_array("q_sinks", q_sinks, 3, allow_device, cast_to_float32=True)
+    if tuple(q_sinks.shape) != tuple(q.shape):
+        raise ShapeError(f"q_sinks must have q's shape {tuple(q.shape)}, got "
+                         f"{tuple(q_sinks.shape)}")
+    return q_sinks

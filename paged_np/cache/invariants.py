@@ -13,7 +13,8 @@ def check_cache_invariants(cache) -> None:
 
     The pool's own (conservation, free list), then per sequence: just enough
     pages for its written and pending tokens (so none past them: a rollback
-    gave back what it did not keep), released (-1) entries only at the start,
+    gave back what it did not keep), released (-1) entries in one run (at the start,
+    or after the attention sinks' pages),
     every full written page shown to the index; then every page's ``ref_count``
     equals the block tables that hold it, and the index agrees with each
     sequence's handle.
@@ -29,10 +30,11 @@ def check_cache_invariants(cache) -> None:
             f"sequence {sid!r} holds pages beyond its tokens")
         assert s.num_indexed_pages == s.num_computed_tokens // ps, (
             f"sequence {sid!r}: full pages not indexed")
-        released = cache.num_released_pages(sid)
-        assert all(p >= 0 for p in s.block_table[released:]), (
-            f"sequence {sid!r}: a released (-1) page after a held one")
-        for p in s.block_table[released:]:
+        bt, released = s.block_table, cache.num_released_pages(sid)
+        first = bt.index(-1) if released else 0
+        assert all(p < 0 for p in bt[first:first + released]), (
+            f"sequence {sid!r}: released (-1) pages are not one run")
+        for p in s.held_pages():
             holders[p] += 1
     for p in range(cache.cfg.num_pages):
         assert holders[p] == cache.pool.ref_count(p), (

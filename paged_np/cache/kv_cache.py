@@ -22,8 +22,9 @@ built by :func:`~paged_np.cache.prefix_index.make_prefix_index` from
 the same calls. ``add_sequence`` matches a prefix and locks it,
 ``append_tokens`` inserts newly full pages (moving the lock to the longer
 prefix), ``fork`` locks it once more, ``free`` unlocks it. With the tree,
-pages a sliding window releases (``release_pages_before``) stay pinned under
-the live sequence's path until the sequence ends.
+pages a sliding window releases (``release_pages_before``, which keeps the
+attention sinks' pages) stay pinned under the live sequence's path until the
+sequence ends.
 
 A scheduler asks first (:meth:`PagedKVCache.num_pages_needed`, ``can_allocate``,
 ``num_available_pages``); then ``allocate_slots`` cannot raise ``OutOfPages``.
@@ -318,7 +319,7 @@ class PagedKVCache(EventLog):
                 "slots: append_tokens before fork"
             )
         child = parent.copy(child_id)
-        for p in child.block_table[child.num_released_pages:]:
+        for p in child.held_pages():  # the sink pages too: forks share them
             self.pool.share(p)
             self._log("fork", p, child_id)
         self.prefix_index.lock(child.prefix_handle)  # the child uses the parent's prefix
@@ -332,27 +333,29 @@ class PagedKVCache(EventLog):
         be shared by the next request).
         """
         seq = self._get(seq_id)
-        for p in reversed(seq.block_table[seq.num_released_pages:]):
+        for p in reversed(seq.held_pages()):
             self.pool.free(p, seq_id)
         self.prefix_index.unlock(seq.prefix_handle)  # its prefix may now be evicted
         del self._seqs[seq_id]
 
-    def release_pages_before(self, seq_id, num_tokens: int) -> int:
-        """Give back the pages that hold only positions ``< num_tokens`` (sliding window).
+    def release_pages_before(self, seq_id, num_tokens: int, keep_first: int = 0) -> int:
+        """Give back the pages that hold only positions in ``[keep_first, num_tokens)``.
 
         With a sliding window of ``w`` tokens, a query at position ``p`` never
         reads keys before ``p - w + 1``, so once a sequence's next query is at
-        ``p`` the pages wholly before that are dead weight. They are released
-        like in :meth:`free` (full, indexed pages become CACHED, so a later
-        prompt can still hit them) and their block-table entries become -1;
-        the sequence keeps its tokens and its hash chain. Released pages are
-        always a prefix of the block table. Returns how many pages were released.
+        ``p`` the pages wholly before that are dead weight, bar those holding
+        one of the ``keep_first`` attention sinks, which every query reads (they
+        stay pinned). The rest are released like in :meth:`free` (full, indexed
+        pages become CACHED, so a later prompt can still hit them) and their
+        block-table entries become -1 (one run, right after the sink pages); the
+        sequence keeps its tokens and its hash chain. Returns the pages released.
         """
         seq = self._get(seq_id)
         num_tokens = check_int("num_tokens", num_tokens)
-        bt = seq.block_table
-        first = seq.num_released_pages
-        ps = self.page_size
+        keep = -(-check_int("keep_first", keep_first, low=0) // self.page_size)  # sink pages
+        bt, ps = seq.block_table, self.page_size
+        run = seq.num_released_pages  # released before: one run, from bt.index(-1)
+        first = max(keep, bt.index(-1) + run if run else 0)  # the first page to release
         # Whole pages below num_tokens, and only pages whose tokens are all written.
         last = min(max(num_tokens, 0) // ps, len(bt), seq.num_computed_tokens // ps)
         for i in range(last - 1, first - 1, -1):  # tail-first, as in free()
@@ -383,7 +386,7 @@ class PagedKVCache(EventLog):
         return self._get(seq_id)
 
     def num_released_pages(self, seq_id) -> int:
-        """Leading block-table entries given back by :meth:`release_pages_before` (-1 now)."""
+        """Block-table entries given back by :meth:`release_pages_before` (-1 now)."""
         return self._get(seq_id).num_released_pages
 
     def num_computed_tokens(self, seq_id) -> int:

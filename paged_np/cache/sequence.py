@@ -16,7 +16,6 @@ A ``Sequence`` is plain bookkeeping (vLLM's ``Request`` + ``KVCacheBlocks``):
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,11 +45,14 @@ class Sequence:
 
     @property
     def num_released_pages(self) -> int:
-        """Leading -1 entries of the block table (pages given back by a sliding window)."""
+        """-1 entries of the block table (pages given back by a sliding window): one run,
+        at the start or right after the attention sinks' pages."""
+        return self.block_table.count(-1)
+
+    def held_pages(self) -> list:
+        """The page ids the sequence holds (its block table without the released -1s)."""
         bt = self.block_table
-        if not bt or bt[0] >= 0:                # the common case: nothing released
-            return 0
-        return bisect_left(bt, True, key=lambda p: p >= 0)
+        return [p for p in bt if p >= 0] if -1 in bt else list(bt)
 
     def copy(self, seq_id) -> Sequence:
         """A fork: same tokens, same pages, same handle (the caller takes the references

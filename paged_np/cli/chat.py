@@ -7,6 +7,12 @@ computed. After each answer a status line shows it::
 
     [reused R of P prompt tokens from the cache | pages: U in use, C cached of N | T tokens/s]
 
+With ``--sliding-window W --attention-sinks S`` the chat never runs out of
+room: each query sees the first S tokens and the last W, the pages behind the
+window go back to the pool as it slides, and positions are cache-relative, so
+the conversation may outgrow the arena and the model's position limit. The
+status line then adds the context length and the most pages the turn held.
+
 Type a message and press Enter; ``/exit`` or end of input (Ctrl-D) quits,
 ``/reset`` starts a new conversation. ``--model tiny`` chats with the random
 toy model (gibberish, but fast: for tests). Every engine option is a flag
@@ -78,12 +84,18 @@ def answer(llm, messages, params, write) -> tuple[str, object, float]:
     return shown, final, time.perf_counter() - t0
 
 
-def status_line(llm, out, seconds: float) -> str:
+def status_line(llm, out, seconds: float, first_step: int = 0) -> str:
+    """What the turn reused and took; ``first_step``: the engine's step count before it."""
     pool = llm.engine.cache.pool
     n = len(out.outputs[0].token_ids)
+    window = ""
+    if llm.engine.sliding_window is not None:  # the context, and the pages it took at most
+        held = llm.engine.metrics["series"]["num_in_use"][first_step:]
+        window = (f" | context {len(out.prompt_token_ids) + n:,} tokens, at most "
+                  f"{max(held, default=0)} pages in use")
     return (f"[reused {out.num_cached_tokens} of {len(out.prompt_token_ids)} prompt tokens from "
             f"the cache | pages: {pool.num_in_use} in use, {pool.num_cached} cached of "
-            f"{llm.engine.cache.cfg.num_pages} | {n / seconds:.1f} tokens/s]")
+            f"{llm.engine.cache.cfg.num_pages}{window} | {n / seconds:.1f} tokens/s]")
 
 
 def main(argv: list[str], stdin=None, stdout=None) -> int:
@@ -128,9 +140,10 @@ def main(argv: list[str], stdin=None, stdout=None) -> int:
             continue
         messages.append({"role": "user", "content": line})
         write("bot> ")
+        first_step = llm.engine.metrics["steps"]
         text, out, seconds = answer(llm, messages, params, write)
         messages.append({"role": "assistant", "content": text})
-        write("\n" + status_line(llm, out, seconds) + "\n")
+        write("\n" + status_line(llm, out, seconds, first_step) + "\n")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@
     python -m paged_np eval --sweep page_size=8,32 --sweep max_num_batched_tokens=64
     python -m paged_np eval --json out.json                  # the numbers, for a table
     python -m paged_np eval --weights none,gguf --sweep kv_cache_dtype=float16,int8
+    python -m paged_np eval --long-text --num-tokens 16000 --sliding-window 1024 \
+        --sweep attention_sinks=0,4 --json benchmarks/long_text_perplexity.json
 
 The text is a chapter of the Python Language Reference that ships with
 Python (``pydoc_data``; :mod:`paged_np.engine.perplexity` says which and
@@ -19,6 +21,12 @@ here); a run's perplexity change and KL divergence are against the reference.
 ``quantization``: ``none`` for float32, ``gguf`` for the file's blocks,
 ``q8_0``): the reference runs on the first, and every run is repeated on each
 of the others, so one table holds every KV dtype on every weight format.
+
+``--long-text`` scores the whole Language Reference instead
+(:mod:`paged_np.engine.long_text`), per ``--segment`` tokens: first full
+attention on as much of it as the model's positions allow, then the flags'
+config (or each ``--sweep`` value), so ``--sliding-window 1024 --sweep
+attention_sinks=0,4`` gives StreamingLLM's three curves; ``--plot`` draws them.
 """
 
 from __future__ import annotations
@@ -55,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
                          f"{', '.join(WEIGHT_QUANTIZATIONS)}; the first is the reference's "
                          "(default: load_model's default)")
     ap.add_argument("--json", default=None, metavar="PATH", help="also write the results here")
+    ap.add_argument("--long-text", action="store_true",
+                    help="perplexity per segment of the whole Language Reference: full "
+                         "attention where it fits, then the flags' config or each sweep")
+    ap.add_argument("--segment", type=int, default=1024, help="tokens per segment (--long-text)")
+    ap.add_argument("--plot", default=None, metavar="PATH",
+                    help="with --long-text: draw perplexity per segment into this image")
     add_engine_args(ap, "eval")
     return ap
 
@@ -134,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             other, _ = load_model(args.model, quantization=quantization)
             runs += [dataclasses.replace(r, label=f"{r.label}, weights={label}", model=other)
                      for r in base_runs]
+    if args.long_text:
+        return long_main(args, runs, model, tok)
     ids = eval_token_ids(tok, args.num_tokens)
     info = {**eval_text_info(), "num_tokens": len(ids), "model": args.model}
     print(f"model {args.model}; scoring {len(ids)} tokens of {info['source']}", flush=True)
@@ -152,4 +168,53 @@ def main(argv: list[str] | None = None) -> int:
                 {**dataclasses.asdict(r), "pages_per_mib": r.pages_per_mib,
                  "config": dataclasses.asdict(run.config)} for r, run in zip(results, runs)]},
                 f, indent=1, default=str)
+    return 0
+
+
+def long_runs(runs: list, model_cfg, num_tokens: int) -> tuple[list, dict]:
+    """``--long-text``'s runs: full attention on what fits the model's positions (an
+    arena that holds it), then the flags' run or the sweeps, each labelled by its mask."""
+    from ..engine.perplexity import EvalRun
+
+    base = runs[0].config
+    fit = min(num_tokens, model_cfg.max_position_embeddings)
+    full = dataclasses.replace(base, sliding_window=None, attention_sinks=0,
+                               kv_cache_memory=None, num_pages=-(-fit // base.page_size) + 2)
+    rest = [r for r in runs[1:] if not r.label.startswith("flags")] or runs[-1:]
+    out = [EvalRun("full attention", full)]
+    for r in rest:
+        w, s = r.config.attention_window(model_cfg)
+        label = ("full attention" if w is None else f"window {w}" if not s
+                 else f"{s} sinks + window {w}")
+        out.append(dataclasses.replace(r, label=label if label not in [o.label for o in out]
+                                       else r.label))
+    return out, {"full attention": fit}
+
+
+def long_main(args, runs, model, tok) -> int:
+    """``--long-text``: the table per segment, the JSON and the plot."""
+    from ..engine.long_text import format_segments, long_text_info, long_token_ids, score_segments
+    from ..errors import PagedNPError
+
+    ids = long_token_ids(tok, args.num_tokens)
+    runs, cut = long_runs(runs, model.cfg, len(ids))
+    info = {**long_text_info(), "num_tokens": len(ids), "model": args.model}
+    print(f"model {args.model}; scoring {len(ids)} tokens of {info['source']} per "
+          f"{args.segment} tokens", flush=True)
+    try:
+        results = score_segments(model, ids, runs, args.segment, cut)
+    except PagedNPError as e:
+        print(f"eval: {e}", file=sys.stderr)
+        return 1
+    print(format_segments(results, info))
+    data = {"text": info, "segment": args.segment, "runs": [
+        {**dataclasses.asdict(r), "config": dataclasses.asdict(run.config)}
+        for r, run in zip(results, runs)]}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(data, f, indent=1, default=str)
+    if args.plot:
+        from ..viz.perplexity import draw_segment_perplexity
+
+        draw_segment_perplexity(data).savefig(args.plot, dpi=120, bbox_inches="tight")
     return 0

@@ -16,8 +16,11 @@ import numpy as np
 from ..models.llama import ForwardBatch
 
 
-def build_batch(scheduled, cache) -> tuple[ForwardBatch, list]:
+def build_batch(scheduled, cache, sliding_window=None, attention_sinks=0
+                ) -> tuple[ForwardBatch, list]:
     """``(batch, prompt)`` for ``scheduled`` ``(req, n, slots)`` triples.
+
+    ``sliding_window``, ``attention_sinks``: the engine's mask (None: the model's own).
 
     ``prompt`` lists ``(req, m)``: ``req`` gets prompt-logprob rows for ``m``
     positions; those rows come first in the logits, in this order, before
@@ -59,7 +62,8 @@ def build_batch(scheduled, cache) -> tuple[ForwardBatch, list]:
     if prompt_idx:                                               # prompt rows first
         logits_indices = np.concatenate(prompt_idx + [logits_indices]).astype(np.int64)
     return ForwardBatch(np.array(tokens, np.int64), positions, slots, qsl,
-                        meta.block_tables, meta.seq_lens, logits_indices), prompt
+                        meta.block_tables, meta.seq_lens, logits_indices, sliding_window,
+                        attention_sinks), prompt
 
 
 def _ranges(counts: np.ndarray) -> np.ndarray:

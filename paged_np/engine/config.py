@@ -132,6 +132,12 @@ class EngineConfig:
     eviction_policy: object = _option(
         "lru", "which cached page is evicted first", choices=EVICTION_POLICIES)
     backend: str = _option("auto", "paged attention backend", choices="engine-backends")
+    sliding_window: int | None = _option(
+        None, "tokens of recent context each query sees, overriding the model's own (default: "
+        "the model's); pages wholly behind it go back to the pool")
+    attention_sinks: int = _option(
+        0, "first tokens every query sees forever beside the sliding window (StreamingLLM's "
+        "attention sinks, seen from cache-relative positions); their pages stay pinned")
     record_events: bool = _option(False, "keep the cache's event log (for drawings)")
     # The seams (docs/design.md, "Seams"): each names an entry of its registry, so a
     # learner's class or function, registered from outside, replaces the package's.
@@ -170,6 +176,12 @@ class EngineConfig:
                                ("sampler", SAMPLERS), ("engine_step", ENGINE_STEPS)):
             check_choice(name, getattr(self, name), registry)
         check_backend(self.backend, "backend", engine=True)
+        if self.sliding_window is not None:
+            object.__setattr__(self, "sliding_window",
+                               check_positive_int("sliding_window", self.sliding_window))
+        object.__setattr__(self, "attention_sinks",
+                           check_int("attention_sinks", self.attention_sinks, low=0))
+        self.attention_window(None)                 # sinks <= window, when both are given
         if not isinstance(self.record_events, (bool, np.bool_)):
             raise DTypeError(f"record_events must be a bool, got "
                              f"{type(self.record_events).__name__}")
@@ -189,6 +201,20 @@ class EngineConfig:
             if "kv_cache_memory" in options and "num_pages" not in options:
                 options["num_pages"] = None
         return replace_fields(cls, config, options, "engine")
+
+    def attention_window(self, model_cfg: ModelConfig | None) -> tuple[int | None, int]:
+        """``(sliding_window, attention_sinks)`` the engine serves ``model_cfg`` with: the
+        window is this config's, else the model's (None: none); sinks only with a window,
+        and at most the window (refused by name)."""
+        window = self.sliding_window
+        if window is None and model_cfg is not None:
+            window = model_cfg.sliding_window
+        if window is not None and self.attention_sinks > window:
+            raise InvalidArgument(
+                f"attention_sinks={self.attention_sinks} is larger than sliding_window="
+                f"{window}: sinks are a few first tokens kept beside a longer window "
+                f"(StreamingLLM keeps 4 beside ~1,000)")
+        return window, (self.attention_sinks if window is not None else 0)
 
     def cache_config(self, model_cfg: ModelConfig, dtype=None) -> CacheConfig:
         """The arena for this model: its layers and heads, these pages.

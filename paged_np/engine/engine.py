@@ -83,12 +83,13 @@ class Engine:
         # The seams (docs/design.md): each is the registry entry its option names.
         self.cache = KV_CACHES.load(cfg.kv_cache)(cfg.cache_config(model.cfg),
                                                   record_events=cfg.record_events)
+        # The attention's mask: the option's window (else the model's) and its sinks.
+        self.sliding_window, self.attention_sinks = cfg.attention_window(model.cfg)
         refusal = self.cache.prefix_index.no_sliding_window
-        if model.cfg.sliding_window is not None and refusal:
+        if self.sliding_window is not None and refusal:
             raise InvalidArgument(f"Engine: prefix_cache={cfg.prefix_cache!r} cannot serve a "
-                                  f"sliding-window model: {refusal}")
-        self.scheduler = SCHEDULERS.load(cfg.scheduler)(self.cache, cfg,
-                                                         model.cfg.sliding_window)
+                                  f"sliding-window model or option: {refusal}")
+        self.scheduler = SCHEDULERS.load(cfg.scheduler)(self.cache, cfg, self.sliding_window)
         self.sampler = SAMPLERS.load(cfg.sampler)        # (logits, params, rngs) -> ids
         self._step = ENGINE_STEPS.load(cfg.engine_step)  # (engine) -> finished outputs
         self._requests: dict = {}                      # unfinished, by request id
@@ -395,12 +396,12 @@ class Engine:
 
     def _never_fits(self, prompt_len: int) -> str | None:
         """Why a prompt can never be served, or None."""
-        cfg, window = self.cache.cfg, self.model.cfg.sliding_window
+        cfg, window = self.cache.cfg, self.sliding_window
         if window is None:
             need = -(-prompt_len // cfg.page_size)
             what = f"a prompt of {prompt_len} tokens needs {need} pages"
-        else:  # chunked prefill keeps only the window (and one page of slack)
-            need = -(-window // cfg.page_size) + 1
+        else:  # chunked prefill keeps only the sinks' pages, the window and one of slack
+            need = -(-self.attention_sinks // cfg.page_size) + -(-window // cfg.page_size) + 1
             what = f"a sliding window of {window} tokens needs {need} pages"
         if need > cfg.num_pages:
             return (f"{what} but the cache has num_pages={cfg.num_pages} "
@@ -434,7 +435,8 @@ def continuous_batching_step(engine: Engine) -> list[RequestOutput]:
         engine.fail(req, reason)
     num_tokens = sum(n for _, n, _ in sched.scheduled)
     if sched.scheduled:
-        batch, prompt = build_batch(sched.scheduled, engine.cache)  # 2
+        batch, prompt = build_batch(sched.scheduled, engine.cache,   # 2
+                                    engine.sliding_window, engine.attention_sinks)
         t1 = time.perf_counter()
         logits = engine.model.forward(batch, engine.cache,
                                       backend=engine.config.backend)  # 3: [S, V]

@@ -156,7 +156,9 @@ class LLM:
         self.tokenizer = tokenizer
         self.seed = None if seed is None else int(seed)
         ccfg = self.engine.cache.cfg
-        self.max_model_len = min(model.cfg.max_position_embeddings, ccfg.num_slots)
+        # A sliding window keeps a bounded cache and cache-relative positions: no limit.
+        self.max_model_len = (min(model.cfg.max_position_embeddings, ccfg.num_slots)
+                              if self.engine.sliding_window is None else 2**31 - 1)
         self._live: dict = {}                 # request id -> _TextState, unfinished
         self._ids = itertools.count()
         if verbose:

@@ -98,6 +98,7 @@ class Scheduler:
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.preemption_mode = config.preemption_mode
         self.window = sliding_window
+        self.sinks = config.attention_sinks if sliding_window is not None else 0
         # Host swap space (a SwapArena) when the preemption mode names one, else None.
         swap_pages = cache.cfg.num_pages if config.swap_pages is None else config.swap_pages
         mode = PREEMPTION_MODES[config.preemption_mode]
@@ -331,9 +332,11 @@ class Scheduler:
 
     # --------------------------------------------------------- sliding window
     def release_outside_window(self, req: Request) -> None:
-        """Return pages no future query can see: keys before ``num_computed_tokens - W + 1``."""
+        """Return pages no future query can see: keys before ``num_computed_tokens - W + 1``,
+        bar the attention sinks' pages (``config.attention_sinks``), which every query reads."""
         if self.window is not None and req.num_computed_tokens > self.window:
-            self.cache.release_pages_before(req.seq_id, req.num_computed_tokens - self.window + 1)
+            self.cache.release_pages_before(req.seq_id, req.num_computed_tokens - self.window + 1,
+                                            self.sinks)
 
     # ----------------------------------------------------------------- sizes
     def _max_new_tokens(self, req: Request) -> int:

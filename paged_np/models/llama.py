@@ -95,6 +95,8 @@ class ForwardBatch:
         ``cache.batch(seq_ids)`` (seq_lens include this step's tokens)
     logits_indices : int64 ``[S]``: the tokens whose next-token logits are wanted
         (the last token of each sequence that will sample)
+    sliding_window, attention_sinks : the attention's mask, the engine's options
+        (``sliding_window`` None: the model's own; sinks need a window)
     """
 
     token_ids: np.ndarray
@@ -104,6 +106,8 @@ class ForwardBatch:
     block_tables: np.ndarray
     seq_lens: np.ndarray
     logits_indices: np.ndarray
+    sliding_window: int | None = None
+    attention_sinks: int = 0
 
 
 class LlamaModel:
@@ -311,15 +315,19 @@ class LlamaModel:
         """
         x = self.embed(batch.token_ids)                          # [T, H]
         rope = self.rope(batch.positions)                        # cos, sin [T, D/2]
+        window = self.cfg.sliding_window if batch.sliding_window is None else batch.sliding_window
+        sinks = batch.attention_sinks if window else 0
+        sink_rope = self.sink_rope(batch.positions, window, sinks)  # None: q scores the sinks
         k_pages, _ = cache.layer(0)
         # Every layer reads the same block tables: check them (and plan the kernel's
         # work) once per step, not once per layer.
         # The quantized model's products run on Numba's threads: attention takes them
         # too, still awake. The float32 model's run on BLAS's, which would fight them.
         meta = AttentionMetadata.build(batch.block_tables, batch.seq_lens,
-                                       batch.query_start_loc, self.cfg.sliding_window,
+                                       batch.query_start_loc, window,
                                        num_pages=k_pages.shape[0], page_size=k_pages.shape[2],
-                                       threads="numba" if self.quantized else "python")
+                                       threads="numba" if self.quantized else "python",
+                                       attention_sinks=sinks)
         ops = self.ops(backend)
         for layer in range(self.cfg.num_layers):
             q, k, v = self.qkv(layer, x, rope, ops)              # [T, Hq, D], [T, Hkv, D] x2
@@ -327,37 +335,66 @@ class LlamaModel:
             k_pages, v_pages = cache.layer(layer)                # [P, Hkv, page_size, D] views
             k_scales, v_scales = cache.layer_scales(layer)       # 8-bit pages' scales, or None
             quant = {} if k_scales is None else dict(k_scales=k_scales, v_scales=v_scales)
+            if sink_rope is not None:                            # q at its cache position
+                quant["q_sinks"] = apply_rope(q, *sink_rope)     # [T, Hq, D]
             attn = paged_attention(q, k_pages, v_pages, metadata=meta, backend=backend,
                                    **quant)                      # [T, Hq, D]
             x = self.finish_layer(layer, x, attn, ops)           # [T, H]
         return self.logits(x[batch.logits_indices], ops)         # [S, V]
 
+    def sink_rope(self, positions, window, sinks):
+        """Cache-relative positions for the attention sinks (StreamingLLM), or None.
+
+        With ``sinks`` kept beside a ``window``, the cache holds positions
+        ``0..sinks-1`` and the last ``window``; StreamingLLM numbers them
+        ``0, 1, ...`` as they sit in the cache, so a query at ``p`` sits at
+        ``min(p, sinks + window - 1)`` and no distance grows past the cache,
+        however long the text. RoPE scores depend only on the difference of the
+        two positions, so the window's keys (rotated at their own positions when
+        written) keep their distances, and only the sinks need another view:
+        the query rotated back by ``p - min(p, sinks + window - 1)``. Returns that
+        rotation's cos, sin ``[T, D/2]``, or None while no query is that far.
+        """
+        if not (window and sinks):
+            return None
+        shift = np.minimum(positions, sinks + window - 1) - positions  # [T] <= 0
+        return self.rope(shift) if shift.any() else None
+
     # ----------------------------------------------------------- dense truth
-    def dense_logits(self, token_ids) -> np.ndarray:
-        """Logits at every position of one sequence, no cache: float32 ``[L, vocab]``."""
+    def dense_logits(self, token_ids, sliding_window=None, attention_sinks=0) -> np.ndarray:
+        """Logits at every position of one sequence, no cache: float32 ``[L, vocab]``.
+
+        ``sliding_window`` (None: the model's) and ``attention_sinks``: the mask
+        and positions :meth:`forward` serves with (see :meth:`sink_rope`).
+        """
         ids = np.asarray(as_token_ids(token_ids, "token_ids"), dtype=np.int64)  # [L]
         positions = np.arange(len(ids))                          # [L]
         x = self.embed(ids)                                      # [L, H]
-        window = self.cfg.sliding_window or 0
+        window = (self.cfg.sliding_window if sliding_window is None else sliding_window) or 0
+        sinks = attention_sinks if window else 0
         rope = self.rope(positions)                              # cos, sin [L, D/2]
+        sink_rope = self.sink_rope(positions, window, sinks)
         for layer in range(self.cfg.num_layers):
             q, k, v = self.qkv(layer, x, rope)                   # [L, Hq, D], [L, Hkv, D] x2
-            attn, _ = dense_attention(q, k, v, sliding_window=window, dtype=np.float32)
+            q_sinks = None if sink_rope is None else apply_rope(q, *sink_rope)
+            attn, _ = dense_attention(q, k, v, sliding_window=window, dtype=np.float32,
+                                      attention_sinks=sinks, q_sinks=q_sinks)
             x = self.finish_layer(layer, x, attn.astype(np.float32))  # [L, H]
         return self.logits(x)                                    # [L, V]
 
-    def dense_generate(self, prompt_ids, max_tokens: int, stop_token_ids=()) -> list[int]:
+    def dense_generate(self, prompt_ids, max_tokens: int, stop_token_ids=(), **mask) -> list[int]:
         """Greedy decoding without a cache: recompute everything for each new token.
 
         Returns the generated ids (prompt excluded); stops after a token in
-        ``stop_token_ids`` (included) or after ``max_tokens`` tokens.
+        ``stop_token_ids`` (included) or after ``max_tokens`` tokens. ``mask``:
+        ``sliding_window``, ``attention_sinks`` as in :meth:`dense_logits`.
         """
         ids = as_token_ids(prompt_ids, "prompt_ids")
         max_tokens = check_positive_int("max_tokens", max_tokens)
         stops = set(int(t) for t in stop_token_ids)
         out: list[int] = []
         while len(out) < max_tokens:
-            tok = int(np.argmax(self.dense_logits(ids + out)[-1]))  # greedy on the last row
+            tok = int(np.argmax(self.dense_logits(ids + out, **mask)[-1]))  # greedy, last row
             out.append(tok)
             if tok in stops:
                 break
