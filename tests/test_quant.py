@@ -279,12 +279,14 @@ def test_the_float_words_compute_alike_jitted_and_in_python():
 
 
 def test_formats_are_named_once():
-    # One table each: the model's quantization choices and the block formats are read
-    # from paged_np.quant.formats, and every block format has a kind the kernels know.
+    # One table each: the model's quantization choices are read from
+    # paged_np.registry ("none" is None there), the block formats from
+    # paged_np.quant.formats, and every block format has a kind the kernels know.
     from paged_np.models import QUANTIZATIONS
-    from paged_np.quant.formats import BLOCK_FORMATS, KINDS, WEIGHT_QUANTIZATIONS
+    from paged_np.quant.formats import BLOCK_FORMATS, KINDS
+    from paged_np.registry import WEIGHT_QUANTIZATIONS
 
-    assert QUANTIZATIONS == tuple(WEIGHT_QUANTIZATIONS)
+    assert QUANTIZATIONS == tuple(None if q == "none" else q for q in WEIGHT_QUANTIZATIONS)
     assert QUANT_FORMATS == {name: f.bytes for name, f in BLOCK_FORMATS.items()}
     assert {f.kind for f in BLOCK_FORMATS.values()} == set(KINDS) == {Q4, Q8}
 
