@@ -82,10 +82,10 @@ def per_row_rows(w, x, y):
             for t in range(T):
                 for c in range(0, R, 64):
                     s0, s1, s2, s3 = K._block_dot(w, blk, c, x, t)
-                    P.scale_into(acc, t, c, s0, w, blk, x)
-                    P.scale_into(acc, t, c + 16, s1, w, blk, x)
-                    P.scale_into(acc, t, c + 32, s2, w, blk, x)
-                    P.scale_into(acc, t, c + 48, s3, w, blk, x)
+                    P.scale_into(acc, t, c, s0, w, blk, x, t)
+                    P.scale_into(acc, t, c + 16, s1, w, blk, x, t)
+                    P.scale_into(acc, t, c + 32, s2, w, blk, x, t)
+                    P.scale_into(acc, t, c + 48, s3, w, blk, x, t)
         for t in range(T):
             yf[t * N + g * R:t * N + (g + 1) * R] = acc[t * R:(t + 1) * R]
 
@@ -236,7 +236,6 @@ def tile_first_batch(w, x, y, parts):
             c_hi = (min(s_hi, (g + 1) * strips) - g * strips) * 16
             for k in range(chunks):
                 t0, t1 = k * T // chunks, (k + 1) * T // chunks
-                chunk = K.Inputs(x.values[t0:t1], x.sums[t0:t1])
                 acc[:] = 0.0
                 for b in range(w.blocks):
                     blk = K.block_at(w, g, b)
@@ -248,11 +247,11 @@ def tile_first_batch(w, x, y, parts):
                                 P.tile_row(w.codes, p, tile, (2 * j + 1) * R + c, True, P.BYTE)
                             else:
                                 P.tile_row(w.codes, p, tile, j * R + c, True, P.SIGNED)
-                    t = 0
-                    while t < t1 - t0:
-                        n = P.pass_rows(t1 - t0 - t)
+                    t = t0
+                    while t < t1:
+                        n = P.pass_rows(t1 - t)
                         for c in range(c_lo, c_hi, 16):
-                            P._pass_of(w, blk, chunk, work, t, c, n, False)
+                            P._pass_of(w, blk, x, work, t, t - t0, c, n, False)
                         t += n
                 for t in range(t0, t1):
                     o, a = t * N + g * R, (t - t0) * R
