@@ -22,15 +22,30 @@ whose row count allows it (fused gate/up, the LM head) repacked with 128 lanes,
 as the package did before all had 64 (the kernels take the lane count from the
 matrix's record, ``GroupedBlocks.lanes``). ``--out`` names the table (default
 ``benchmarks/quant_kernels.md``).
+
+    python benchmarks/quant_kernels.py --ir [--ref bdde226]
+
+A noise-free proxy instead of timings (:func:`ir_report`): compiles ``batch`` for each
+kind of codes (Q4_1, Q8_0) here and at the git revision ``--ref`` (default bdde226, the
+kernels before they took records), checks that both give the same bits at ``--rows``
+(default 9 and 16: one compiled body serves every T), and counts what the compiled
+loops do: the fma calls in the LLVM IR, and in the assembly each innermost loop that
+multiplies, its instructions and ``vfmadd``s per iteration. The hot loops are the
+passes that read the tile (every pass but a block's first).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
 import operator
 import os
 import platform
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -67,10 +82,10 @@ def per_row_rows(w, x, y):
             for t in range(T):
                 for c in range(0, R, 64):
                     s0, s1, s2, s3 = K._block_dot(w, blk, c, x, t)
-                    P.scale_into(acc, t, c, s0, w, blk, x)
-                    P.scale_into(acc, t, c + 16, s1, w, blk, x)
-                    P.scale_into(acc, t, c + 32, s2, w, blk, x)
-                    P.scale_into(acc, t, c + 48, s3, w, blk, x)
+                    P.scale_into(acc, t, c, s0, w, blk, x, t)
+                    P.scale_into(acc, t, c + 16, s1, w, blk, x, t)
+                    P.scale_into(acc, t, c + 32, s2, w, blk, x, t)
+                    P.scale_into(acc, t, c + 48, s3, w, blk, x, t)
         for t in range(T):
             yf[t * N + g * R:t * N + (g + 1) * R] = acc[t * R:(t + 1) * R]
 
@@ -221,7 +236,6 @@ def tile_first_batch(w, x, y, parts):
             c_hi = (min(s_hi, (g + 1) * strips) - g * strips) * 16
             for k in range(chunks):
                 t0, t1 = k * T // chunks, (k + 1) * T // chunks
-                chunk = K.Inputs(x.values[t0:t1], x.sums[t0:t1])
                 acc[:] = 0.0
                 for b in range(w.blocks):
                     blk = K.block_at(w, g, b)
@@ -233,11 +247,11 @@ def tile_first_batch(w, x, y, parts):
                                 P.tile_row(w.codes, p, tile, (2 * j + 1) * R + c, True, P.BYTE)
                             else:
                                 P.tile_row(w.codes, p, tile, j * R + c, True, P.SIGNED)
-                    t = 0
-                    while t < t1 - t0:
-                        n = P.pass_rows(t1 - t0 - t)
+                    t = t0
+                    while t < t1:
+                        n = P.pass_rows(t1 - t)
                         for c in range(c_lo, c_hi, 16):
-                            P._pass_of(w, blk, chunk, work, t, c, n, False)
+                            P._pass_of(w, blk, x, work, t, t - t0, c, n, False)
                         t += n
                 for t in range(t0, t1):
                     o, a = t * N + g * R, (t - t0) * R
@@ -292,13 +306,122 @@ def with_lanes(qm: QuantMatrix, lanes: int) -> QuantMatrix:
                                                             lanes=lanes))
 
 
+# ------------------------------------------- the proxy: the compiled loops, counted
+def ref_kernels(rev: str):
+    """``paged_np/quant/kernels.py`` (and the ``passes.py`` beside it) at git revision
+    ``rev``, imported as a package of its own (``quant_ref_<rev>``) that uses this
+    checkout's :mod:`paged_np.quant.simd`, config and errors."""
+    root = Path(__file__).resolve().parents[1]
+    pkg = "quant_ref_" + re.sub(r"\W", "_", rev)
+    d = Path(tempfile.mkdtemp(prefix="quant_ref")) / pkg
+    d.mkdir()
+    (d / "__init__.py").write_text("")
+    for name in ("kernels.py", "passes.py"):
+        src = subprocess.run(["git", "-C", str(root), "show", f"{rev}:paged_np/quant/{name}"],
+                             capture_output=True, text=True, check=True).stdout
+        src = src.replace("from ..", "from paged_np.").replace("from .passes", f"from {pkg}.passes")
+        src = re.sub(r"from \.(\w+) import", r"from paged_np.quant.\1 import", src)
+        (d / name).write_text(src)
+    sys.path.insert(0, str(d.parent))
+    return importlib.import_module(f"{pkg}.kernels")
+
+
+def uncached(dispatcher):
+    """A fresh copy of a jitted kernel, compiled here rather than loaded from Numba's cache
+    (code loaded from the cache has no LLVM IR to show)."""
+    return njit(**dict(dispatcher.targetoptions, cache=False))(dispatcher.py_func)
+
+
+def call_batch(kern, w: GroupedBlocks, x, y, parts: int = 2):
+    """``kern.batch`` on ``w``: records (this package), or bdde226's arrays (``qs, d, m``
+    shaped ``[G, nb, J, R]``, ``m`` None for Q8, then ``xp, xs``)."""
+    batch, inputs = kern["batch"], kern["inputs"]
+    if list(inspect.signature(batch.py_func).parameters)[0] == "qs":
+        G, nb, J, R = w.groups, w.blocks, w.code_rows, w.lanes
+        q4 = w.kind == Q4
+        m = w.mins.reshape(G, nb, R) if q4 else None
+        batch(w.codes.reshape(G, nb, J, R), w.scales.reshape(G, nb, R), m, *inputs(x, q4),
+              y, parts)
+    else:
+        batch(w, inputs(x, w.kind), y, parts)
+
+
+def loop_counts(asm: str) -> dict:
+    """Counts in the assembly of ``batch``'s parallel body (Numba's parfor gufunc): all
+    its instructions and ``vfmadd``s, and each innermost loop that multiplies (a backward
+    jump with no other inside it), as ``(instructions, vfmadd)`` per iteration."""
+    m = re.search(r"\n(_ZN\w*numba_parfor_gufunc\w+):\n(.*?)\n\s+\.cfi_endproc", asm, re.S)
+    labels, ins = {}, []
+    for line in m.group(2).splitlines():
+        s = line.split("#")[0].strip()
+        if re.match(r"^\.?[\w.$]+:$", s):
+            labels[s[:-1]] = len(ins)
+        elif s and not s.startswith("."):
+            ins.append(s)
+    loops = []
+    for k, i in enumerate(ins):
+        j = re.match(r"j\w+\s+(\S+)$", i)
+        if j and labels.get(j.group(1), k + 1) <= k:
+            loops.append((labels[j.group(1)], k))
+    inner = [(lo, hi) for lo, hi in loops
+             if not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in loops)]
+
+    def fmas(a):
+        return sum(i.startswith("vfmadd") for i in a)
+
+    hot = [(hi - lo + 1, fmas(ins[lo:hi + 1])) for lo, hi in inner]
+    return {"instructions": len(ins), "vfmadd": fmas(ins),
+            "loops": sorted((h for h in hot if h[1]), key=lambda h: (-h[1], h[0]))}
+
+
+def ir_report(ref: str, rows) -> list[str]:
+    """The proxy's table: for Q4_1 and Q8_0, ``batch`` here and at ``ref``, compiled
+    fresh, checked bit-equal at each of ``rows``, its IR and assembly counted."""
+    here = {"batch": uncached(K.batch), "inputs": K.inputs}
+    old = ref_kernels(ref)
+    there = {"batch": uncached(old.batch), "inputs": old.inputs}
+    rng = np.random.default_rng(0)
+    out, k = 128, 576
+    lines = ["| format | kernel | IR fma | asm vfmadd | asm instructions | innermost "
+             "multiplying loops: instructions/vfmadd per iteration |", "|---|---|---|---|---|---|"]
+    for fmt, kind in (("Q4_1", Q4), ("Q8_0", pnp.quant.Q8)):
+        if kind == Q4:
+            q = rng.integers(0, 16, (out, k // 32, 32)).astype(np.uint8)
+        else:
+            q = rng.integers(-128, 128, (out, k // 32, 32)).astype(np.int8)
+        d, m = (rng.random((out, k // 32), dtype=np.float32) for _ in range(2))
+        w = GroupedBlocks.pack(kind, q, d, m)
+        for T in rows:
+            x = rng.standard_normal((T, k), dtype=np.float32)
+            ys = [np.full((T, w.padded_rows), np.nan, np.float32) for _ in range(2)]
+            call_batch(here, w, x, ys[0])
+            call_batch(there, w, x, ys[1])
+            assert np.array_equal(ys[0], ys[1]), f"{fmt} T={T}: not the bits of {ref}"
+        for name, kern in ((ref, there), ("here", here)):
+            sig = kern["batch"].signatures[-1]                 # the one just compiled
+            ir = kern["batch"].inspect_llvm(sig)
+            c = loop_counts(kern["batch"].inspect_asm(sig))
+            loops = ", ".join(f"{n}/{f}" for n, f in c["loops"])
+            fma = len(re.findall(r"call [^\n]*@llvm\.fma\.v16f32", ir))
+            lines.append(f"| {fmt} | {name} | {fma} "
+                         f"| {c['vfmadd']} | {c['instructions']} | {loops} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--ir", action="store_true",
+                    help="count batch's compiled loops here and at --ref (no timing)")
+    ap.add_argument("--ref", default="bdde226")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64, 110])
     ap.add_argument("--out", default=str(Path(__file__).parent / "quant_kernels.md"))
     args = ap.parse_args(argv)
+    if args.ir:
+        ir_report(args.ref, args.rows if "--rows" in (argv or sys.argv) else [9, 16])
+        return 0
     model, _ = pnp.load_model("smollm2-135m-instruct")
     proj = [*model.wqkv, *model.w["wo"], *model.w_gate_up, *model.w["w_down"]]
     head = model.w["embed"]

@@ -103,7 +103,7 @@ class Scratch(NamedTuple):
     """One thread's working arrays in ``batch``, both in L1."""
 
     tile: np.ndarray         #: float32 [32, R] flat: a block's codes, converted once
-    acc: np.ndarray          #: float32 [BATCH, R] flat: a chunk's sums, row t = input row t
+    acc: np.ndarray          #: float32 [BATCH, R] flat: a chunk's sums, row i = input row t0 + i
 
 
 @njit(inline="always", **JIT_OPTIONS)
@@ -257,23 +257,23 @@ def rows(w, x, y):
             if T == 1:
                 for c in range(0, R, 64):
                     s0, s1, s2, s3 = _block_dot(w, blk, c, x, 0)
-                    scale_into(acc, 0, c, s0, w, blk, x)
-                    scale_into(acc, 0, c + 16, s1, w, blk, x)
-                    scale_into(acc, 0, c + 32, s2, w, blk, x)
-                    scale_into(acc, 0, c + 48, s3, w, blk, x)
+                    scale_into(acc, 0, c, s0, w, blk, x, 0)
+                    scale_into(acc, 0, c + 16, s1, w, blk, x, 0)
+                    scale_into(acc, 0, c + 32, s2, w, blk, x, 0)
+                    scale_into(acc, 0, c + 48, s3, w, blk, x, 0)
             elif T == 2:
                 for c in range(0, R, 32):
                     a0, a1, b0, b1 = _block_dot2(w, blk, c, x, 0)
-                    scale_into(acc, 0, c, a0, w, blk, x)
-                    scale_into(acc, 0, c + 16, a1, w, blk, x)
-                    scale_into(acc, 1, c, b0, w, blk, x)
-                    scale_into(acc, 1, c + 16, b1, w, blk, x)
+                    scale_into(acc, 0, c, a0, w, blk, x, 0)
+                    scale_into(acc, 0, c + 16, a1, w, blk, x, 0)
+                    scale_into(acc, 1, c, b0, w, blk, x, 1)
+                    scale_into(acc, 1, c + 16, b1, w, blk, x, 1)
             else:
                 for c in range(0, R, 16):
                     r0, r1, r2 = _block_dot3(w, blk, c, x, 0)
-                    scale_into(acc, 0, c, r0, w, blk, x)
-                    scale_into(acc, 1, c, r1, w, blk, x)
-                    scale_into(acc, 2, c, r2, w, blk, x)
+                    scale_into(acc, 0, c, r0, w, blk, x, 0)
+                    scale_into(acc, 1, c, r1, w, blk, x, 1)
+                    scale_into(acc, 2, c, r2, w, blk, x, 2)
         for t in range(T):
             yf[t * N + g * R:t * N + (g + 1) * R] = acc[t * R:(t + 1) * R]
 
@@ -312,12 +312,11 @@ def batch(w, x, y, parts):
             c_hi = (min(s_hi, (g + 1) * strips) - g * strips) * 16
             for k in range(chunks):
                 t0, t1 = k * T // chunks, (k + 1) * T // chunks
-                chunk = Inputs(x.values[t0:t1], x.sums[t0:t1])   # rows t0:t1, as 0:t1-t0
                 acc[:] = 0.0            # not work.acc[:]: in a prange, Numba 0.68 drops that
                 for b in range(w.blocks):
                     blk = block_at(w, g, b)
                     prefetch_block(w, blk.codes + w.code_rows * R, c_lo, c_hi)  # the next
-                    block_passes(w, blk, chunk, work, c_lo, c_hi)
+                    block_passes(w, blk, x, work, t0, t1, c_lo, c_hi)
                 for t in range(t0, t1):
                     o, a = t * N + g * R, (t - t0) * R
                     yf[o + c_lo:o + c_hi] = acc[a + c_lo:a + c_hi]

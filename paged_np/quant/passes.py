@@ -15,12 +15,19 @@ Arguments are :mod:`.kernels`' records (``R`` = ``w.lanes`` = 64)::
                             (J = 16 Q4 bytes or 32 Q8 codes), w.scales, w.mins [G, nb, R]
     blk   Block             one block b of one group g: blk.codes = (g nb + b) J R is its
                             first code in w.codes, blk.scales = (g nb + b) R its first scale
-    x     Inputs            one chunk's inputs: x.values float32 [T, K] (as
+    x     Inputs            the product's inputs: x.values float32 [T, K] (as
                             :func:`.kernels.inputs` prepares them), x.sums [T, K/32]
     work  Scratch           one thread's L1 arrays: work.tile float32 [32, R], the block's
                             codes (row j multiplies x.values[:, 32 b + j]); work.acc
-                            float32 [BATCH, R], the chunk's sums (row t: input row t)
-    t, c                    an input row of the chunk, the first of 16 output lanes
+                            float32 [BATCH, R], a chunk's sums (row i: input row t0 + i)
+    t0, t1                  the chunk: input rows t0:t1
+    t, i, c                 an input row, its row of work.acc (t - t0), the first of 16
+                            output lanes
+
+Two row indices, ``t`` and ``i``, not one index into the chunk's rows sliced out of
+``x``: with the slice (1a58318), LLVM computed the five input rows' addresses of a pass
+one from the other inside the loop, 23 instructions per 10 fmas instead of 16 in the
+hottest loop (``python benchmarks/quant_kernels.py --ir``).
 """
 
 from __future__ import annotations
@@ -45,10 +52,11 @@ from .simd import (
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def scale_into(acc, t, c, s, w, blk, x):
-    """A block's sums ``s`` (code x input, 16 lanes) scaled into row ``t`` of ``acc``, lanes
-    ``c:c+16``: ``acc += d s``, then for Q4 ``acc += m x.sums[t, b]``, each rounded once."""
-    o, so = t * w.lanes + c, blk.scales + c
+def scale_into(acc, i, c, s, w, blk, x, t):
+    """A block's sums ``s`` (code x input row ``t``, 16 lanes) scaled into row ``i`` of
+    ``acc``, lanes ``c:c+16``: ``acc += d s``, then for Q4 ``acc += m x.sums[t, b]``, each
+    rounded once."""
+    o, so = i * w.lanes + c, blk.scales + c
     a = fma(load_f32(w.scales, so), s, load_f32(acc, o))
     if codes_kind(w) == Q4:
         a = fma(load_f32(w.mins, so), splat(x.sums[t, blk.index]), a)
@@ -80,9 +88,9 @@ def tile_row(codes, p, tile, i, convert, row):
     return load_f32(tile, i)
 
 
-# A pass: rows ``t..t+n-1`` of the chunk (n = 3, 4 or 5) times lanes ``c..c+15`` of a
-# block's codes, each row's sum in registers (a :mod:`.simd` vector: two ``ymm`` on AVX2)
-# through the block's 32 codes, then scaled into the same rows of ``work.acc``. Per code:
+# A pass: input rows ``t..t+n-1`` (n = 3, 4 or 5) times lanes ``c..c+15`` of a block's
+# codes, each row's sum in registers (a :mod:`.simd` vector: two ``ymm`` on AVX2) through
+# the block's 32 codes, then scaled into rows ``i..i+n-1`` of ``work.acc``. Per code:
 # one conversion (the block's first pass, which also keeps it in the tile) or one tile
 # load (the passes after it), one broadcast and one fma per row: the same fmas in the same
 # order as ``_block_dot``. ``n`` and ``convert`` are constants where :func:`_pass_of`
@@ -91,7 +99,7 @@ def tile_row(codes, p, tile, i, convert, row):
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _pass(w, blk, x, work, t, c, n, convert):
+def _pass(w, blk, x, work, t, i, c, n, convert):
     R, xv, o = w.lanes, x.values, 32 * blk.index                 # o: the block's first input
     a0 = a1 = a2 = a3 = a4 = zeros_f32()
     if codes_kind(w) == Q4:
@@ -123,24 +131,24 @@ def _pass(w, blk, x, work, t, c, n, convert):
                 a3 = fma(q, splat(xv[t + 3, o + j]), a3)
             if n > 4:
                 a4 = fma(q, splat(xv[t + 4, o + j]), a4)
-    scale_into(work.acc, t, c, a0, w, blk, x)
-    scale_into(work.acc, t + 1, c, a1, w, blk, x)
-    scale_into(work.acc, t + 2, c, a2, w, blk, x)
+    scale_into(work.acc, i, c, a0, w, blk, x, t)
+    scale_into(work.acc, i + 1, c, a1, w, blk, x, t + 1)
+    scale_into(work.acc, i + 2, c, a2, w, blk, x, t + 2)
     if n > 3:
-        scale_into(work.acc, t + 3, c, a3, w, blk, x)
+        scale_into(work.acc, i + 3, c, a3, w, blk, x, t + 3)
     if n > 4:
-        scale_into(work.acc, t + 4, c, a4, w, blk, x)
+        scale_into(work.acc, i + 4, c, a4, w, blk, x, t + 4)
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _pass_of(w, blk, x, work, t, c, n, convert):
+def _pass_of(w, blk, x, work, t, i, c, n, convert):
     """:func:`_pass` with ``n`` (3-5) made a constant, one compiled body per row count."""
     if n == 5:
-        _pass(w, blk, x, work, t, c, 5, convert)
+        _pass(w, blk, x, work, t, i, c, 5, convert)
     elif n == 4:
-        _pass(w, blk, x, work, t, c, 4, convert)
+        _pass(w, blk, x, work, t, i, c, 4, convert)
     else:
-        _pass(w, blk, x, work, t, c, 3, convert)
+        _pass(w, blk, x, work, t, i, c, 3, convert)
 
 
 @njit(inline="always", **JIT_OPTIONS)
@@ -155,20 +163,19 @@ def pass_rows(left: int) -> int:
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def block_passes(w, blk, x, work, c_lo, c_hi):
-    """Block ``blk``'s codes times every input row of the chunk ``x``, output lanes
-    ``c_lo:c_hi``, into ``work.acc``: passes of :func:`pass_rows` rows x 16 lanes. The
-    first pass converts the codes as it multiplies them and keeps them in ``work.tile``;
-    the others read them there."""
-    T = x.values.shape[0]
-    t = 0
-    while t < T:
-        n = pass_rows(T - t)
+def block_passes(w, blk, x, work, t0, t1, c_lo, c_hi):
+    """Block ``blk``'s codes times input rows ``t0:t1`` of ``x``, output lanes
+    ``c_lo:c_hi``, into ``work.acc`` (its row ``i`` is input row ``t0 + i``): passes of
+    :func:`pass_rows` rows x 16 lanes. The first pass converts the codes as it multiplies
+    them and keeps them in ``work.tile``; the others read them there."""
+    t = t0
+    while t < t1:
+        n = pass_rows(t1 - t)
         for c in range(c_lo, c_hi, 16):
-            if t == 0:                                           # converts, constant True
-                _pass_of(w, blk, x, work, t, c, n, True)
+            if t == t0:                                          # converts, constant True
+                _pass_of(w, blk, x, work, t, 0, c, n, True)
             else:
-                _pass_of(w, blk, x, work, t, c, n, False)
+                _pass_of(w, blk, x, work, t, t - t0, c, n, False)
         t += n
 
 
