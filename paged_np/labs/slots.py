@@ -21,6 +21,8 @@ import numpy as np
 
 from ..cache.page_pool import PagePool
 from ..cache.sequence import slots_of
+from ..checks import check_int
+from ..errors import DTypeError
 from .report import LabFailure, expect, show
 
 TITLE = "slots on a free list"
@@ -49,9 +51,11 @@ def call_allocate(learner, free_list: list) -> int:
     before = list(free_list)
     case = f"free_list={before}"
     page = learner.call("allocate", free_list, case=case)
-    if isinstance(page, (bool, np.bool_)) or not isinstance(page, (int, np.integer)):
-        raise LabFailure("allocate", f"returned {show(page)}: a page id (an int) is due", case)
-    page = int(page)
+    try:
+        page = check_int("page", page)
+    except DTypeError:
+        raise LabFailure("allocate", f"returned {show(page)}: a page id (an int) is due",
+                         case) from None
     if page not in before:
         raise LabFailure("allocate", f"returned page {page}, which is not on the free list "
                                      "(a page someone holds would be handed out twice)", case)
