@@ -15,7 +15,7 @@ from server_helpers import TINY_NAME, make_llm, metrics, tiny, wait_for
 from test_server_cache_view import apply, check_matches_cache, comparable
 
 from paged_np.server import ServerThread
-from paged_np.server import app as server_app
+from paged_np.server import run as server_run
 
 SYSTEM = "You are a careful assistant who explains paged attention in plain words. " * 3
 
@@ -230,14 +230,14 @@ def test_open_opens_the_dashboard_once_the_server_listens(model_tok, monkeypatch
     def fake_open(url):                                   # the server answers already
         opened.append((url, httpx.get(url, timeout=10).status_code))
 
-    monkeypatch.setattr(server_app.webbrowser, "open", fake_open)
+    monkeypatch.setattr(server_run.webbrowser, "open", fake_open)
     llm = make_llm(*model_tok, num_pages=16)
     with ServerThread(llm) as srv:
-        url = server_app.dashboard_url("0.0.0.0", srv.port)
+        url = server_run.dashboard_url("0.0.0.0", srv.port)
         assert url == f"http://127.0.0.1:{srv.port}/dashboard"
-        server_app.open_when_started(srv.server, url).join(10)
+        server_run.open_when_started(srv.server, url).join(10)
     assert opened == [(url, 200)]
-    assert server_app.dashboard_url("::", 80) == "http://[::1]:80/dashboard"
+    assert server_run.dashboard_url("::", 80) == "http://[::1]:80/dashboard"
 
 
 def test_serve_flags_reach_the_server(monkeypatch):

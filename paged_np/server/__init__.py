@@ -62,11 +62,11 @@ Compared with vLLM: the engine runs in a thread of the server's process
 (nor vLLM's ``prompt_logprobs`` field) or embeddings; one model per server.
 """
 
-from importlib import import_module
-
+from ..lazy import lazy_exports
 from .config import ServerConfig
 
-#: Each public name -> the module that defines it (imported on first use: FastAPI's).
+#: Public name -> the module that defines it, imported on first use (FastAPI and uvicorn
+#: only when the app is asked for: ServerConfig and `serve --help` need neither).
 _WHERE = {
     "APIError": ".schemas",
     "CacheView": ".cache_view",
@@ -79,21 +79,15 @@ _WHERE = {
     "TTFT_BUCKETS": ".metrics",
     "Server": ".app",
     "ServerMetrics": ".metrics",
-    "ServerThread": ".app",
+    "ServerThread": ".run",
     "StreamOptions": ".schemas",
     "Subscriber": ".cache_view",
     "Update": ".loop",
     "create_app": ".app",
-    "serve": ".app",
+    "serve": ".run",
 }
 
 __all__ = ["ServerConfig", *_WHERE]
 
-
-def __getattr__(name: str):
-    """``paged_np.server.X``: import X's module now (PEP 562), and keep X here."""
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(_WHERE[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
+del lazy_exports
