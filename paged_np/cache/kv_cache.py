@@ -102,6 +102,7 @@ class PagedKVCache(EventLog):
         self._hits = 0
         self._queries = 0
         self._cow_copies = 0
+        self.tiers = None   # the tiers below the arena (host, disk: cache/tiers.py), or None
 
     # ----------------------------------------------------------------- arena
     @property
@@ -143,7 +144,8 @@ class PagedKVCache(EventLog):
 
         Returns the number of prompt tokens reused (a multiple of page_size, at
         most ``len(prompt) - 1`` so the last prompt token is always computed).
-        Those tokens count as written; nothing else is allocated.
+        Those tokens count as written; nothing is allocated but the pages
+        :attr:`tiers` copy back from below the arena.
         """
         self._check_new_id(seq_id, "seq_id")
         prompt = as_token_ids(prompt, "prompt")
@@ -157,6 +159,8 @@ class PagedKVCache(EventLog):
         n_hit = len(pages) * self.page_size
         self._seqs[seq_id] = Sequence(seq_id, key, prompt[:n_hit], list(pages),
                                       prefix_handle=handle, num_indexed_pages=len(pages))
+        if self.tiers is not None:      # the next pages, from the host pool or the disk
+            n_hit += self.tiers.load_prefix(self, seq_id, prompt[:cap], n_hit)
         self._hits += n_hit
         self._queries += len(prompt)
         return n_hit

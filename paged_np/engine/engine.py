@@ -31,7 +31,7 @@ scheduler, the sampler and the step itself are the registry entries that
 ``EngineConfig.kv_cache``, ``scheduler``, ``sampler`` and ``engine_step``
 name, so a learner's own class or function replaces the package's. Plug-ins
 load only when chosen: speculative decoding (:mod:`.speculation`), swap
-(:mod:`.swap`), logprobs (:mod:`.logprobs`).
+(:mod:`.swap`), logprobs (:mod:`.logprobs`), the tiers below the arena (:mod:`.tiering`).
 
 Who owns what (:mod:`.request`): the engine keeps one :class:`ParentRequest`
 per user request and is the only writer of its ``output``; the scheduler
@@ -50,7 +50,7 @@ import types
 
 import numpy as np
 
-from ..checks import as_token_ids, check_int
+from ..checks import as_extra_key, as_token_ids, check_int
 from ..errors import DTypeError, InvalidArgument, UnknownRequest
 from ..registry import ENGINE_STEPS, KV_CACHES, SAMPLERS, SCHEDULERS
 from .batching import build_batch
@@ -83,6 +83,9 @@ class Engine:
         # The seams (docs/design.md): each is the registry entry its option names.
         self.cache = KV_CACHES.load(cfg.kv_cache)(cfg.cache_config(model.cfg),
                                                   record_events=cfg.record_events)
+        if cfg.tiers:                   # the tiers below the arena (host, disk): a plug-in
+            from .tiering import attach_tiers
+            attach_tiers(self.cache, cfg, model)
         refusal = self.cache.prefix_index.no_sliding_window
         if model.cfg.sliding_window is not None and refusal:
             raise InvalidArgument(f"Engine: prefix_cache={cfg.prefix_cache!r} cannot serve a "
@@ -101,13 +104,14 @@ class Engine:
 
     # ------------------------------------------------------------ requests
     def add_request(self, prompt, params: SamplingParams | None = None, request_id=None,
-                    request_index: int | None = None):
+                    request_index: int | None = None, cache_salt: str | None = None):
         """Queue one prompt; returns its request id.
 
         ``request_index`` keys the random generators of its samples (with the
         params' seed); by default it counts the requests added to this engine.
-        A prompt that can never fit in the cache is not refused here: the
-        request finishes at the next step with ``finish_reason == "error"``.
+        ``cache_salt`` (vLLM's) enters its pages' hashes: only the same salt shares pages.
+        A prompt that can never fit in the cache finishes at the next step with
+        ``finish_reason == "error"``.
         """
         prompt, params = self._check_request(prompt, params)
         if request_id is None:
@@ -115,14 +119,14 @@ class Engine:
         if request_id in self._requests:
             raise InvalidArgument(f"request_id {request_id!r} is already in the engine")
         index = self._num_requests if request_index is None else request_index
-        self._num_requests += 1
         want = params.logprobs is not None               # vLLM: None unless asked for
         out = RequestOutput(request_id, list(prompt),     # the user's copy
                             [SampleOutput(j, logprobs=[] if want else None,
                                           cumulative_logprob=0.0 if want else None)
                              for j in range(params.n)],
                             prompt_logprobs=None if params.prompt_logprobs is None else [None])
-        parent = ParentRequest(request_id, index, prompt, params, out)
+        parent = ParentRequest(request_id, index, prompt, params, out, as_extra_key(cache_salt))
+        self._num_requests += 1                          # a refused salt changed nothing
         reason = self._never_fits(len(prompt))
         if reason:
             self._finish_request(parent, "error", reason)

@@ -220,7 +220,7 @@ class Scheduler:
         # The index may keep what it derives from the tokens (a hash chain) in the
         # request's memo, as vLLM keeps block hashes on its Request: the tokens only grow.
         return self.cache.num_cached_prefix_tokens(self._lookup_tokens(req),
-                                                   memo=req.prefix_memo)
+                                                   req.parent.cache_salt, req.prefix_memo)
 
     @staticmethod
     def _num_known(req: Request) -> int:
@@ -256,7 +256,8 @@ class Scheduler:
         cache = self.cache
         swapped = req.status == SWAPPED
         n_known = self._num_known(req)
-        n_hit = cache.add_sequence(req.seq_id, self._lookup_tokens(req))  # prefix: no compute
+        n_hit = cache.add_sequence(req.seq_id, self._lookup_tokens(req),  # prefix: no compute
+                                   req.parent.cache_salt)
         req.seq = cache.sequence(req.seq_id)
         if not swapped:
             self.release_outside_window(req)
