@@ -153,6 +153,8 @@ class DiskStore:
         except OSError as err:
             return self._bad(page_hash, "unreadable", f"{path.name}: {err}")
         page, why = self._parse(raw, page_hash, token_ids)
+        if why == "other tokens":                      # a sound page, not this prompt's
+            return None
         if page is None:
             return self._bad(page_hash, why[0], f"{path.name}: {why[1]}")
         self.index.hit(e)
@@ -164,7 +166,8 @@ class DiskStore:
         return page
 
     def _parse(self, raw: bytes, page_hash: bytes, token_ids):
-        """``(page, None)``, or ``(None, (fault kind, why))``."""
+        """``(page, None)``, ``(None, (fault kind, why))``, or ``(None, "other tokens")``
+        for a sound file whose page holds other tokens than asked (a miss, not a fault)."""
         if len(raw) < _PREAMBLE.size:
             return None, ("truncated", "shorter than its preamble")
         magic, n, crc = _PREAMBLE.unpack_from(raw)
@@ -178,13 +181,15 @@ class DiskStore:
             return None, ("corrupt", "header is not JSON")
         if h.get("fingerprint") != self.digest:
             return None, ("fingerprint", "written for another model, format or version")
-        if h.get("hash") != page_hash.hex() or h.get("token_ids") != list(token_ids):
+        if h.get("hash") != page_hash.hex():
             return None, ("corrupt", "holds another page")
         payload = memoryview(raw)[_PREAMBLE.size + n:]
         if len(payload) != h.get("payload_bytes"):
             return None, ("truncated", f"{len(payload)} of {h.get('payload_bytes')} bytes")
         if zlib.crc32(payload) != h.get("payload_crc32"):
             return None, ("corrupt", "payload checksum mismatch")
+        if h.get("token_ids") != list(token_ids):      # the hash's tokens differ: a collision
+            return None, "other tokens"
         n_data = int(np.prod(self.page_shape)) * self.dtype.itemsize
         data = np.frombuffer(payload[:n_data], self.dtype).reshape(self.page_shape)
         scales = (None if self.scales_shape is None else
