@@ -185,14 +185,14 @@ KV_CACHES.register("paged", "paged_np.cache.kv_cache:PagedKVCache",
 
 #: The tiers below the arena, top down: where a cached page the arena evicts is kept
 #: (``host_cache_memory``, ``disk_cache_dir``), plug-ins of :mod:`paged_np.cache.tiers`
-#: built only when configured. ``option``: the field that turns one on.
+#: built only when configured. ``option``: the field that turns one on; ``label``: its words.
 KV_TIERS = Registry("kv_tier", "tiers below the arena")
 KV_TIERS.register("host", "paged_np.cache.host_tier:HostPool",
                   "a bounded pool in host memory (vLLM's CPU offloading)",
-                  option="host_cache_memory")
+                  option="host_cache_memory", label="host memory")
 KV_TIERS.register("disk", "paged_np.cache.disk_tier:DiskStore",
                   "one file per page under a directory, kept across restarts",
-                  option="disk_cache_dir")
+                  option="disk_cache_dir", label="disk")
 
 #: When a page is written to the disk tier (``disk_write_policy``; SGLang HiCache's names).
 TIER_WRITE_POLICIES = Registry("disk_write_policy", "disk write policies")

@@ -66,15 +66,16 @@ class HostPool:
         return page_hash in self.index
 
     def load(self, page_hash: bytes, token_ids) -> tuple | None:
-        """Copies of the page filed under ``page_hash`` holding ``token_ids``:
-        ``(data [L, 2, Hkv, ps, D], scales or None)``; None when it is not here."""
+        """The page filed under ``page_hash`` holding ``token_ids``: ``(data [L, 2, Hkv,
+        ps, D], scales or None)``, views valid until the next :meth:`store` (copy them
+        first); None when it is not here."""
         e = self.index.get(page_hash, token_ids)
         if e is None:
             return None
         self.index.hit(e)
         self.hits += 1
         s = e.where
-        return self.data[s].copy(), None if self.scales is None else self.scales[s].copy()
+        return self.data[s], None if self.scales is None else self.scales[s]
 
     def store(self, page_hash: bytes, token_ids, data, scales, on_evict=None) -> bool:
         """Keep a copy of one page (``data`` [L, 2, Hkv, ps, D] as stored, ``scales``).

@@ -63,6 +63,7 @@ class KVTiers:
         self._seen: OrderedDict[bytes, int] = OrderedDict()   # hash -> prompts that asked
         self.loaded_tokens = {t.name: 0 for t in self.tiers}  # tokens served, per tier
         self.lookups = 0
+        self._rows = self._scales = None                    # the staging buffer of loads
         cache.add_listener(self._on_event)
 
     @property
@@ -125,29 +126,53 @@ class KVTiers:
         self._count_seen(hashes)
         self.lookups += 1
         room = cache.num_available_pages - 1               # keep one for the next token
-        found, sources = [], []
+        sources = []
         for i in range(n_hit // ps, len(hashes)):
-            if len(found) >= room:
+            if len(sources) >= room:
                 break
             page_tokens = tokens[i * ps:(i + 1) * ps]
             for tier in self.tiers:
-                page = tier.load(hashes[i], page_tokens)
+                page = tier.load(hashes[i], page_tokens)    # a view or a fresh read
                 if page is not None:
-                    found.append(page)
+                    self._stage(len(sources), *page)        # copied out before any store
                     sources.append(tier.name)
                     break
             else:
                 break                                      # a miss ends the run
-        if not found:
+        if not sources:
             return 0
-        n = len(found) * ps
-        rows, scales = pages_to_rows(found)
+        n = len(sources) * ps
+        rows = self._rows[:n]
+        scales = None if self._scales is None else self._scales[:n]
         slots = cache.allocate_slots(seq_id, n)            # [n] int64: room was checked
-        cache.write_slots(slots, rows, scales)
+        cache.write_slots(slots, rows, scales)             # evictions above saved theirs
         cache.append_tokens(seq_id, tokens[n_hit:n_hit + n])
         for name in sources:
             self.loaded_tokens[name] += ps
         return n
+
+    def _stage(self, j: int, data, scales) -> None:
+        """Put page ``j`` of a load (``data`` [L, 2, Hkv, ps, D], ``scales`` [L, 2, Hkv, ps])
+        into the staging rows ``[n, L, 2, Hkv, D]`` that ``write_slots`` takes, token by
+        token. The buffer is kept between loads: a fresh one would be page-faulted in
+        for every load, which cost more than the copies themselves."""
+        ps = data.shape[3]
+        need = (j + 1) * ps
+        if self._rows is None or len(self._rows) < need:    # grow (doubling), keep contents
+            n_layers, _, hkv, _, d = data.shape
+            old = self._rows
+            self._rows = np.empty((max(need, 2 * (0 if old is None else len(old))),
+                                   n_layers, 2, hkv, d), data.dtype)
+            if old is not None:
+                self._rows[:len(old)] = old
+            if scales is not None:
+                old_s = self._scales
+                self._scales = np.empty(self._rows.shape[:-1], np.float32)
+                if old_s is not None:
+                    self._scales[:len(old_s)] = old_s
+        self._rows[j * ps:need] = data.transpose(3, 0, 1, 2, 4)            # [ps, L, 2, Hkv, D]
+        if scales is not None:
+            self._scales[j * ps:need] = scales.transpose(3, 0, 1, 2)       # [ps, L, 2, Hkv]
 
     # ----------------------------------------------------------- reporting
     def stats(self) -> dict:
@@ -162,15 +187,3 @@ class KVTiers:
         for t in self.tiers:
             t.check_invariants()
 
-
-def pages_to_rows(pages) -> tuple:
-    """Whole pages ``[(data [L, 2, Hkv, ps, D], scales [L, 2, Hkv, ps] or None), ...]`` as
-    the token rows :meth:`PagedKVCache.write_slots` takes: ``[k * ps, L, 2, Hkv, D]`` and
-    ``[k * ps, L, 2, Hkv]`` (or None), page after page, token after token."""
-    data = np.stack([d for d, _ in pages])                 # [k, L, 2, Hkv, ps, D]
-    k, n_layers, _, hkv, ps, d = data.shape
-    rows = data.transpose(0, 4, 1, 2, 3, 5).reshape(k * ps, n_layers, 2, hkv, d)
-    if pages[0][1] is None:
-        return rows, None
-    scales = np.stack([s for _, s in pages])               # [k, L, 2, Hkv, ps]
-    return rows, scales.transpose(0, 4, 1, 2, 3).reshape(k * ps, n_layers, 2, hkv)
