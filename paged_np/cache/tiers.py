@@ -126,6 +126,7 @@ class KVTiers:
         self._count_seen(hashes)
         self.lookups += 1
         room = cache.num_available_pages - 1               # keep one for the next token
+        most = min(room, len(hashes) - n_hit // ps)         # pages this load could bring
         sources = []
         for i in range(n_hit // ps, len(hashes)):
             if len(sources) >= room:
@@ -134,7 +135,7 @@ class KVTiers:
             for tier in self.tiers:
                 page = tier.load(hashes[i], page_tokens)    # a view or a fresh read
                 if page is not None:
-                    self._stage(len(sources), *page)        # copied out before any store
+                    self._stage(len(sources), most, *page)  # copied out before any store
                     sources.append(tier.name)
                     break
             else:
@@ -151,25 +152,19 @@ class KVTiers:
             self.loaded_tokens[name] += ps
         return n
 
-    def _stage(self, j: int, data, scales) -> None:
-        """Put page ``j`` of a load (``data`` [L, 2, Hkv, ps, D], ``scales`` [L, 2, Hkv, ps])
-        into the staging rows ``[n, L, 2, Hkv, D]`` that ``write_slots`` takes, token by
-        token. The buffer is kept between loads: a fresh one would be page-faulted in
-        for every load, which cost more than the copies themselves."""
+    def _stage(self, j: int, most: int, data, scales) -> None:
+        """Put page ``j`` of a load of at most ``most`` pages (``data`` [L, 2, Hkv, ps, D],
+        ``scales`` [L, 2, Hkv, ps]) into the staging rows ``[n, L, 2, Hkv, D]`` that
+        ``write_slots`` takes, token by token. The buffer is kept between loads: a
+        fresh one is page-faulted in by the OS as it is written, which costs more than
+        the copies themselves."""
         ps = data.shape[3]
         need = (j + 1) * ps
-        if self._rows is None or len(self._rows) < need:    # grow (doubling), keep contents
+        if j == 0 and (self._rows is None or len(self._rows) < most * ps):   # grow, once
             n_layers, _, hkv, _, d = data.shape
-            old = self._rows
-            self._rows = np.empty((max(need, 2 * (0 if old is None else len(old))),
-                                   n_layers, 2, hkv, d), data.dtype)
-            if old is not None:
-                self._rows[:len(old)] = old
-            if scales is not None:
-                old_s = self._scales
-                self._scales = np.empty(self._rows.shape[:-1], np.float32)
-                if old_s is not None:
-                    self._scales[:len(old_s)] = old_s
+            self._rows = np.empty((most * ps, n_layers, 2, hkv, d), data.dtype)
+            self._scales = None if scales is None else np.empty(self._rows.shape[:-1],
+                                                                 np.float32)
         self._rows[j * ps:need] = data.transpose(3, 0, 1, 2, 4)            # [ps, L, 2, Hkv, D]
         if scales is not None:
             self._scales[j * ps:need] = scales.transpose(3, 0, 1, 2)       # [ps, L, 2, Hkv]
