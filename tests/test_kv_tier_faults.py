@@ -210,3 +210,17 @@ def test_disk_store_never_exceeds_its_budget_nor_returns_a_wrong_page(ops, pages
         again = DiskStore(CFG, Path(d) / "b", pages * size, {"model": "t"}, policy)
         assert again.num_pages == store.num_pages and again.bytes == store.bytes
         again.check_invariants()
+
+
+def test_a_restart_with_a_smaller_budget_keeps_the_newest_pages(tmp_path):
+    store = DiskStore(CFG, tmp_path, "1MiB", {"model": "t"})
+    for i in range(4):
+        store.store(HASHES[i], (i, i + 1), *_page(CFG, i, 1))
+        os.utime(store.path(HASHES[i]), ns=(10**18 + i, 10**18 + i))   # written in order
+    size = store.bytes // 4
+    small = DiskStore(CFG, tmp_path, 2 * size, {"model": "t"})
+    assert [h in small for h in HASHES[:4]] == [False, False, True, True]
+    assert len(list(small.dir.glob("*.kv"))) == 2                      # the rest removed
+    small.check_invariants()
+    oldest = min(small.index.entries(), key=lambda e: e.last_access_time)
+    assert oldest.hash == HASHES[2]                                    # LRU: it goes first

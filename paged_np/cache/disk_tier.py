@@ -127,10 +127,18 @@ class DiskStore:
                     found.append((st.st_mtime_ns, bytes.fromhex(p.stem), st.st_size))
             except (OSError, ValueError):                 # gone meanwhile, or not a hash
                 continue
-        for rank, (_, page_hash, size) in enumerate(sorted(found)):
-            if self.bytes + size > self.memory:            # a smaller budget than last time
-                break
-            self.index.add(page_hash, (), size, time=-len(found) + rank)
+        kept, total = [], 0
+        for entry in sorted(found, reverse=True):          # the newest first
+            if total + entry[2] > self.memory:             # a smaller budget than last time:
+                try:                                       # the oldest pages go
+                    self.path(entry[1]).unlink(missing_ok=True)
+                except OSError:
+                    pass
+                continue
+            kept.append(entry)
+            total += entry[2]
+        for rank, (_, page_hash, size) in enumerate(reversed(kept)):   # oldest, oldest time
+            self.index.add(page_hash, (), size, time=rank - len(kept))
             self.bytes += size
 
     # ----------------------------------------------------------------- pages
