@@ -142,7 +142,7 @@ def serve(trace, parent, prefix_cache: str, schedule: str, num_pages: int, page_
     m = engine.metrics
     return {"hit_rate": m["prefix_hit_rate"], "prefill_tokens": prefill,
             "preemptions": m["preemptions"], "prompt_tokens": m["prompt_tokens"],
-            "steps": m["steps"], "tiers": m["tiers"]}
+            "steps": m["steps"], **({"tiers": m["tiers"]} if m["tiers"] else {})}
 
 
 def run(seed: int = 0, progress: bool = True, workloads=WORKLOADS, page_sizes=PAGE_SIZES,
