@@ -178,3 +178,24 @@ def test_a_restarted_engine_finds_the_pages_on_disk(tmp_path, prefix_cache):
     assert second["disk"]["pages"] >= first["disk"]["pages"] > 0
     assert second["disk"]["hits"] > first["disk"]["hits"]
     assert second["disk"]["faults"] == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_writing_whole_pages_equals_writing_their_slots_one_by_one(dtype):
+    """write_slots takes whole pages page by page (the tiers' loads): same bytes as the
+    scatter it replaces, for pages in any order, codes and scales alike."""
+    import numpy as np
+
+    cfg = pnp.CacheConfig(num_pages=8, page_size=4, num_layers=2, num_kv_heads=2,
+                          head_dim=8, dtype=dtype)
+    whole, one_by_one = pnp.PagedKVCache(cfg), pnp.PagedKVCache(cfg)
+    rng = np.random.default_rng(0)
+    slots = np.concatenate([np.arange(p * 4, p * 4 + 4) for p in (5, 2, 7)])   # [12]
+    rows = rng.integers(-100, 100, (12, 2, 2, 2, 8)).astype(cfg.dtype)
+    scales = rng.random((12, 2, 2, 2)).astype(np.float32) if cfg.quantized else None
+    whole.write_slots(slots, rows, scales)
+    for i, s in enumerate(slots):
+        one_by_one.write_slots([s], rows[i:i + 1], None if scales is None else scales[i:i + 1])
+    a, sa = whole.read_pages(range(8))
+    b, sb = one_by_one.read_pages(range(8))
+    assert np.array_equal(a, b) and (sa is None or np.array_equal(sa, sb))

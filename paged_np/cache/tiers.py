@@ -21,9 +21,10 @@ It acts at two moments, through the cache's public seams only:
    is also written to disk as it joins the index, so a restart finds it.
 2. **load**: :meth:`~PagedKVCache.add_sequence` calls :meth:`load_prefix` after
    its arena match. The prompt's next pages, looked up by hash in the host
-   pool then on disk, are copied into fresh arena pages exactly as a swap-in
-   does (``allocate_slots``, ``write_slots``, ``append_tokens``), so they join
-   the index and count as computed; the rest of the prompt is prefilled.
+   pool then on disk, are copied into fresh arena pages as a swap-in is
+   (``allocate_slots``, ``write_slots``, ``append_tokens``; one copy, from the
+   tier straight into the arena), so they join the index and count as
+   computed; the rest of the prompt is prefilled.
 
 **The reuse gate** (vLLM's): with ``reuse_gate = g > 0`` a page is stored only
 once more than ``g`` prompts have asked for it, so a one-off prompt's pages do
@@ -43,8 +44,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-import numpy as np
-
 from .hash_index import ROOT_HASH, hash_page
 
 #: Page hashes whose prompt counts the reuse gate remembers (oldest forgotten first).
@@ -63,7 +62,6 @@ class KVTiers:
         self._seen: OrderedDict[bytes, int] = OrderedDict()   # hash -> prompts that asked
         self.loaded_tokens = {t.name: 0 for t in self.tiers}  # tokens served, per tier
         self.lookups = 0
-        self._rows = self._scales = None                    # the staging buffer of loads
         cache.add_listener(self._on_event)
 
     @property
@@ -126,48 +124,40 @@ class KVTiers:
         self._count_seen(hashes)
         self.lookups += 1
         room = cache.num_available_pages - 1               # keep one for the next token
-        most = min(room, len(hashes) - n_hit // ps)         # pages this load could bring
-        sources = []
+        plan = []                                          # the next pages found below
         for i in range(n_hit // ps, len(hashes)):
-            if len(sources) >= room:
-                break
-            page_tokens = tokens[i * ps:(i + 1) * ps]
-            for tier in self.tiers:
-                page = tier.load(hashes[i], page_tokens)    # a view or a fresh read
-                if page is not None:
-                    self._stage(len(sources), most, *page)  # copied out before any store
-                    sources.append(tier.name)
-                    break
-            else:
+            if len(plan) >= room or not any(hashes[i] in t for t in self.tiers):
                 break                                      # a miss ends the run
-        if not sources:
+            plan.append(i)
+        if not plan:
             return 0
-        n = len(sources) * ps
-        rows = self._rows[:n]
-        scales = None if self._scales is None else self._scales[:n]
-        slots = cache.allocate_slots(seq_id, n)            # [n] int64: room was checked
-        cache.write_slots(slots, rows, scales)             # evictions above saved theirs
-        cache.append_tokens(seq_id, tokens[n_hit:n_hit + n])
-        for name in sources:
+        # Pages first (evictions this causes are saved above), then each page is copied
+        # straight from its tier into its arena page: one copy, nothing staged.
+        slots = cache.allocate_slots(seq_id, len(plan) * ps)      # [k * ps] int64
+        done = 0
+        for j, i in enumerate(plan):
+            found = self._load(hashes[i], tokens[i * ps:(i + 1) * ps])
+            if found is None:                              # a fault, or evicted meanwhile
+                break
+            name, data, scales = found                     # [L, 2, Hkv, ps, D], [.., ps]
+            cache.write_slots(slots[j * ps:(j + 1) * ps], data.transpose(3, 0, 1, 2, 4),
+                              None if scales is None else scales.transpose(3, 0, 1, 2))
             self.loaded_tokens[name] += ps
+            done += 1
+        n = done * ps
+        if n:
+            cache.append_tokens(seq_id, tokens[n_hit:n_hit + n])
+        if done < len(plan):
+            cache.discard_pending(seq_id)                  # the pages not filled go back
         return n
 
-    def _stage(self, j: int, most: int, data, scales) -> None:
-        """Put page ``j`` of a load of at most ``most`` pages (``data`` [L, 2, Hkv, ps, D],
-        ``scales`` [L, 2, Hkv, ps]) into the staging rows ``[n, L, 2, Hkv, D]`` that
-        ``write_slots`` takes, token by token. The buffer is kept between loads: a
-        fresh one is page-faulted in by the OS as it is written, which costs more than
-        the copies themselves."""
-        ps = data.shape[3]
-        need = (j + 1) * ps
-        if j == 0 and (self._rows is None or len(self._rows) < most * ps):   # grow, once
-            n_layers, _, hkv, _, d = data.shape
-            self._rows = np.empty((most * ps, n_layers, 2, hkv, d), data.dtype)
-            self._scales = None if scales is None else np.empty(self._rows.shape[:-1],
-                                                                 np.float32)
-        self._rows[j * ps:need] = data.transpose(3, 0, 1, 2, 4)            # [ps, L, 2, Hkv, D]
-        if scales is not None:
-            self._scales[j * ps:need] = scales.transpose(3, 0, 1, 2)       # [ps, L, 2, Hkv]
+    def _load(self, page_hash: bytes, tokens) -> tuple | None:
+        """``(tier name, data, scales)`` of the first tier that gives the page back intact."""
+        for tier in self.tiers:
+            page = tier.load(page_hash, tokens)            # a view (host) or a fresh read
+            if page is not None:
+                return (tier.name, *page)
+        return None
 
     # ----------------------------------------------------------- reporting
     def stats(self) -> dict:
