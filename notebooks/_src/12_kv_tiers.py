@@ -225,9 +225,10 @@ ax.legend(fontsize=7)
 plt.show()
 
 # %% [markdown]
-# On the project's 2-core machine a prefill token of SmolLM2 costs about a millisecond or
-# more, so the break-even is tens of MB/s: any disk, even a network one, reads a page back
-# faster than the model computes it. The tiers win by one to two orders of magnitude
+# On the project's 2-core machine a prefill token of SmolLM2 costs from about one to tens
+# of milliseconds (the more other jobs share the cores, the more), so the break-even is
+# between a few and about 50 MB/s: any disk, even a network one, reads a page back faster
+# than the model computes it. The tiers win by one to two orders of magnitude
 # (`benchmarks/kv_tiers.md`), and the margin *grows* with the context: a prefill token's
 # attention reads every token before it, while a page read back costs the same at any
 # position. What limits a tier in practice is not its bandwidth but its size (how many
