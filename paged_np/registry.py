@@ -36,9 +36,10 @@ from .errors import InvalidArgument, ModelLoadError
 
 __all__ = [
     "ARCHITECTURES", "ATTENTION_BACKENDS", "ATTENTION_THREADS", "AUTO", "DEVICES", "ENGINE_STEPS",
-    "EVICTION_POLICIES", "Entry", "KV_CACHES", "KV_FORMATS", "PREEMPTION_MODES",
+    "EVICTION_POLICIES", "Entry", "KV_CACHES", "KV_FORMATS", "KV_TIERS", "PREEMPTION_MODES",
     "PREFIX_INDEXES", "REGISTRIES", "Registry", "SAMPLERS", "SCHEDULERS", "SCHEDULES",
-    "SPEC_METHODS", "WEIGHT_QUANTIZATIONS", "architecture_for", "backend_names",
+    "SPEC_METHODS", "TIER_WRITE_POLICIES", "WEIGHT_QUANTIZATIONS", "architecture_for",
+    "backend_names",
     "check_backend", "model_class", "supported_names",
 ]
 
@@ -182,6 +183,26 @@ KV_CACHES = Registry("kv_cache", "KV cache classes")
 KV_CACHES.register("paged", "paged_np.cache.kv_cache:PagedKVCache",
                    "pages of one arena, block tables, copy-on-write")
 
+#: The tiers below the arena, top down: where a cached page the arena evicts is kept
+#: (``host_cache_memory``, ``disk_cache_dir``), plug-ins of :mod:`paged_np.cache.tiers`
+#: built only when configured. ``option``: the field that turns one on; ``label``: its words.
+KV_TIERS = Registry("kv_tier", "tiers below the arena")
+KV_TIERS.register("host", "paged_np.cache.host_tier:HostPool",
+                  "a bounded pool in host memory (vLLM's CPU offloading)",
+                  option="host_cache_memory", label="host memory")
+KV_TIERS.register("disk", "paged_np.cache.disk_tier:DiskStore",
+                  "one file per page under a directory, kept across restarts",
+                  option="disk_cache_dir", label="disk")
+
+#: When a page is written to the disk tier (``disk_write_policy``; SGLang HiCache's names).
+TIER_WRITE_POLICIES = Registry("disk_write_policy", "disk write policies")
+TIER_WRITE_POLICIES.register("write_through", None,
+                             "as soon as it is computed: a restart finds every page",
+                             write_through=True)
+TIER_WRITE_POLICIES.register("write_back", None,
+                             "only when the host tier evicts it: fewer writes, lost at exit",
+                             write_through=False)
+
 # --------------------------------------------------------------- the engine
 #: The decision to admit, schedule or preempt (``scheduler``): Scheduler classes.
 SCHEDULERS = Registry("scheduler", "schedulers")
@@ -237,8 +258,9 @@ ARCHITECTURES.register("llama", "paged_np.models.llama:LlamaModel",
 #: Every registry, by the option that chooses from it (for ``info`` and the docs).
 REGISTRIES = {r.option: r for r in (
     ATTENTION_BACKENDS, ATTENTION_THREADS, PREFIX_INDEXES, EVICTION_POLICIES, KV_FORMATS,
-    DEVICES, KV_CACHES, SCHEDULERS, SCHEDULES, PREEMPTION_MODES, SAMPLERS, ENGINE_STEPS,
-    SPEC_METHODS, WEIGHT_QUANTIZATIONS, ARCHITECTURES)}
+    DEVICES, KV_CACHES, KV_TIERS, TIER_WRITE_POLICIES, SCHEDULERS, SCHEDULES,
+    PREEMPTION_MODES, SAMPLERS, ENGINE_STEPS, SPEC_METHODS, WEIGHT_QUANTIZATIONS,
+    ARCHITECTURES)}
 
 
 # ------------------------------------------------------------ backend rules

@@ -298,13 +298,16 @@ OPTION_VALUES = {
     "backend": "numba", "record_events": True, "sliding_window": 64, "attention_sinks": 4,
     "speculative_config": pnp.SpeculativeConfig(num_speculative_tokens=3),
     "kv_cache": "paged", "scheduler": "vllm", "sampler": "vllm", "engine_step": "vllm",
+    "host_cache_memory": "1MiB", "disk_cache_dir": "<tmp_path>", "disk_cache_memory": "8MiB",
+    "disk_write_policy": "write_back", "tier_eviction_policy": "lfu", "tier_reuse_gate": 1,
 }
 
 
 @pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(pnp.EngineConfig)])
-def test_llm_accepts_every_engine_option(model, tok, name):
+def test_llm_accepts_every_engine_option(model, tok, name, tmp_path):
     assert name in OPTION_VALUES, f"no test value for the new EngineConfig field {name!r}"
     value = OPTION_VALUES[name]
+    value = str(tmp_path) if value == "<tmp_path>" else value     # the disk tier's files
     size = {} if name in ("num_pages", "kv_cache_memory") else {"num_pages": 32}
     llm = pnp.LLM(model, tokenizer=tok, verbose=False, **size, **{name: value})
     assert getattr(llm.engine.config, name) == value

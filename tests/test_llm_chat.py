@@ -56,3 +56,21 @@ def test_endless_chat_outgrows_the_arena_and_the_positions_with_flat_pages():
     assert contexts[-1] > 2048 > 96 and contexts == sorted(contexts)
     # the sink page, the window's 8 pages plus a chunk of 32 tokens, one page of slack
     assert max(int(p) for _, p in found) <= 1 + (64 + 32) // 8 + 1
+
+
+def test_a_resumed_chat_reads_its_earlier_turns_back_from_disk(tmp_path):
+    flags = ["--model", "tiny", "--max-tokens", "4", "--backend", "numpy",
+             "--disk-cache-dir", str(tmp_path)]
+    first = io.StringIO()
+    long_turn = "Tell me everything about pages, block tables and prefix caching, please."
+    assert chat.main(flags, stdin=io.StringIO(long_turn + "\n/exit\n"), stdout=first) == 0
+    assert (tmp_path / "chat.json").is_file()
+    assert "0 from disk" in first.getvalue()                 # nothing there the first time
+    again = io.StringIO()                                    # a new process would do the same
+    assert chat.main(flags + ["--resume"], stdin=io.StringIO("And then?\n/exit\n"),
+                     stdout=again) == 0
+    text = again.getvalue()
+    assert "resumed a conversation of 1 turns" in text
+    (reused, disk), = re.findall(r"\[reused (\d+) of \d+ prompt tokens from the cache "
+                                 r"\((\d+) from disk\)", text)
+    assert int(disk) > 0 and int(reused) >= int(disk)        # earlier turns, from disk

@@ -58,7 +58,9 @@ PLUG_INS = ("paged_np.cache.radix", "paged_np.cache.kv_quant", "paged_np.quant",
             "paged_np.models.fused", "paged_np.models.quantized", "paged_np.models.tokenizer",
             "paged_np.engine.speculation", "paged_np.engine.spec_decode",
             "paged_np.engine.rejection", "paged_np.engine.swap", "paged_np.engine.logprobs",
-            "paged_np.engine.llm", "paged_np.server", "paged_np.engine.server")
+            "paged_np.engine.llm", "paged_np.server", "paged_np.engine.server",
+            "paged_np.cache.tiers", "paged_np.cache.host_tier", "paged_np.cache.disk_tier",
+            "paged_np.cache.tier_index", "paged_np.engine.tiering")
 
 
 def test_a_float32_numpy_step_loads_no_plug_in_and_no_numba():

@@ -24,6 +24,17 @@ class BatchMetadata:
     seq_lens: np.ndarray
     page_size: int
 
+    @classmethod
+    def of(cls, seq_ids: list, seqs: list, page_size: int) -> BatchMetadata:
+        """The batch of these :class:`~paged_np.cache.sequence.Sequence` objects: their
+        block tables side by side, -1 past each one's end, and their seq_lens."""
+        width = max((len(s.block_table) for s in seqs), default=0)
+        tables = np.full((len(seqs), width), -1, dtype=np.int32)       # [B, max_pages]
+        for b, s in enumerate(seqs):
+            tables[b, :len(s.block_table)] = s.block_table
+        lens = np.array([s.seq_len for s in seqs], dtype=np.int32)     # [B]
+        return cls(seq_ids, tables, lens, page_size)
+
     def to_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """FlashInfer's layout: ``kv_indptr`` int32 [B+1], ``kv_indices`` int32 [nnz],
         ``kv_last_page_len`` int32 [B].

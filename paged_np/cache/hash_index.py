@@ -52,6 +52,16 @@ def hash_page(parent: bytes, token_ids, extra_key: bytes | None = None) -> bytes
     return h.digest()
 
 
+def chain_hash(token_ids, extra_key: bytes | None, page_size: int) -> bytes:
+    """The hash of the last full page of ``token_ids``: the chain over every page before it
+    (:data:`ROOT_HASH` for no full page). What an indexed page is named by in every
+    process, so the tiers below the arena (:mod:`.tiers`) file it under the same name."""
+    parent = ROOT_HASH
+    for i in range(len(token_ids) // page_size):
+        parent = hash_page(parent, token_ids[i * page_size:(i + 1) * page_size], extra_key)
+    return parent
+
+
 class CachedPage:
     """One indexed page: what the index files it under, and the policy's stamps."""
 
@@ -176,6 +186,11 @@ class HashIndex(PrefixIndex):
         e = self._entry.get(page)
         return None if e is None else e.hash
 
+    def page_key(self, page: int) -> tuple[bytes, tuple] | None:
+        """:meth:`PrefixIndex.page_key`: the hash it is filed under and its tokens."""
+        e = self._entry.get(page)
+        return None if e is None else (e.hash, e.token_ids)
+
     def lookup(self, page_hash: bytes, token_ids=None) -> int | None:
         """The indexed page with this hash (and these tokens, if given), or None."""
         e = self._lookup(page_hash, token_ids)
@@ -210,10 +225,10 @@ class HashIndex(PrefixIndex):
             if self._queued.get(p) != (key, push):
                 continue                              # stale entry
             del self._queued[p]
+            self._emit("evict", p, seq_id)            # still indexed: a listener may save it
             e = self._entry.pop(p)
             del self._by_hash[e.hash]                 # its contents are gone: stamps too
             out.append(p)
-            self._emit("evict", p, seq_id)
         return out
 
     @property

@@ -103,6 +103,7 @@ class PagedKVCache(EventLog):
         self._hits = 0
         self._queries = 0
         self._cow_copies = 0
+        self.tiers = None   # the tiers below the arena (host, disk: cache/tiers.py), or None
 
     # ----------------------------------------------------------------- arena
     @property
@@ -144,7 +145,8 @@ class PagedKVCache(EventLog):
 
         Returns the number of prompt tokens reused (a multiple of page_size, at
         most ``len(prompt) - 1`` so the last prompt token is always computed).
-        Those tokens count as written; nothing else is allocated.
+        Those tokens count as written; nothing is allocated but the pages
+        :attr:`tiers` copy back from below the arena.
         """
         self._check_new_id(seq_id, "seq_id")
         prompt = as_token_ids(prompt, "prompt")
@@ -158,6 +160,8 @@ class PagedKVCache(EventLog):
         n_hit = len(pages) * self.page_size
         self._seqs[seq_id] = Sequence(seq_id, key, prompt[:n_hit], list(pages),
                                       prefix_handle=handle, num_indexed_pages=len(pages))
+        if self.tiers is not None:      # the next pages, from the host pool or the disk
+            n_hit += self.tiers.load_prefix(self, seq_id, prompt[:cap], n_hit)
         self._hits += n_hit
         self._queries += len(prompt)
         return n_hit
@@ -370,12 +374,7 @@ class PagedKVCache(EventLog):
             seqs = [self._seqs[s] for s in seq_ids]
         except (KeyError, TypeError):  # name the unknown id
             seqs = [self._get(s) for s in seq_ids]
-        width = max((len(s.block_table) for s in seqs), default=0)
-        tables = np.full((len(seqs), width), -1, dtype=np.int32)
-        for b, s in enumerate(seqs):
-            tables[b, :len(s.block_table)] = s.block_table
-        lens = np.array([s.seq_len for s in seqs], dtype=np.int32)
-        return BatchMetadata(list(seq_ids), tables, lens, self.page_size)
+        return BatchMetadata.of(list(seq_ids), seqs, self.page_size)
 
     def block_table(self, seq_id) -> np.ndarray:
         """int32 [num_pages_of_seq]: logical page -> page id."""

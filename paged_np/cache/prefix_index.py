@@ -37,11 +37,14 @@ The operations, one method each, with the same names in both indexes:
 ``check_invariants``        the index alone, or against the pool's ref counts
 ``check_sequences``         live sequences' handles agree with the index
 ``walk``                    the index as a tree of :class:`IndexNode` (for views)
+``page_key``                a held page's name in every process (for the tiers)
 ==========================  ===================================================
 
 Events: each index records its own (``hash``/``insert`` when a page joins,
 ``evict`` when one leaves) through ``listener(kind, page_id, seq_id)``, with
-the sequence that caused it passed in explicitly.
+the sequence that caused it passed in explicitly. ``evict`` is recorded while
+the page is still held and its K/V still there, so a listener may ask its
+:meth:`~PrefixIndex.page_key` and copy it out (the tiers below the arena do).
 """
 
 from __future__ import annotations
@@ -163,6 +166,14 @@ class PrefixIndex(ABC):
         None when the index keeps no tree (the default, and the hash chain's answer);
         ``[]`` for a tree with nothing cached yet. O(nodes).
         """
+        return None
+
+    def page_key(self, page: int) -> tuple[bytes, tuple] | None:
+        """``(hash, token_ids)`` of a held page: the name of its contents in every process
+        (the SHA-256 chain of its prefix, :func:`~paged_np.cache.hash_index.chain_hash`)
+        and its own tokens. The tiers below the arena (:mod:`paged_np.cache.tiers`) file
+        a page under it. None: not held, or an index that cannot say (then its pages
+        are never kept below the arena)."""
         return None
 
 

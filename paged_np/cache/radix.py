@@ -59,8 +59,9 @@ from __future__ import annotations
 import heapq
 from itertools import count
 
+from .hash_index import chain_hash
 from .prefix_index import PrefixIndex
-from .radix_node import TreeNode
+from .radix_node import TreeNode, replay_eviction
 
 
 class RadixIndex(PrefixIndex):
@@ -305,10 +306,10 @@ class RadixIndex(PrefixIndex):
             take = min(num_pages - len(out), len(node.value))
             ps = self.page_size
             for _ in range(take):
+                self._emit("evict", node.value[-1], seq_id)   # still held: may be saved
                 p = node.value.pop()
                 del self._page_node[p]
                 out.append(p)
-                self._emit("evict", p, seq_id)
             del node.key[len(node.value) * ps:]
             self._num_evictable -= take
             if node.value:
@@ -321,31 +322,20 @@ class RadixIndex(PrefixIndex):
         return out
 
     def eviction_order(self) -> list[int]:
-        """Evictable pages in the order :meth:`evict` would take them (O(n log n), for drawings).
+        """Evictable pages in the order :meth:`evict` would take them (O(n log n), for
+        drawings): :func:`~.radix_node.replay_eviction` over the nodes."""
+        return replay_eviction(self.nodes(), self.policy.priority)
 
-        Replays eviction on counters instead of the tree: the first-ranked
-        unlocked leaf gives its pages from the end, then its parent joins the
-        candidates once its last child is gone.
-        """
-        prio = self.policy.priority
-        left = {}                                          # node id -> children not yet evicted
-        heap = []
-        for n in self.nodes():
-            if n.lock_ref == 0:
-                left[n.id] = len(n.children)
-                if not n.children:
-                    heap.append((prio(n), n.id, n))
-        heapq.heapify(heap)
-        out: list[int] = []
-        while heap:
-            _, _, n = heapq.heappop(heap)
-            out.extend(reversed(n.value))
-            parent = n.parent
-            if parent.parent is not None and parent.lock_ref == 0:
-                left[parent.id] -= 1
-                if left[parent.id] == 0:
-                    heapq.heappush(heap, (prio(parent), parent.id, parent))
-        return out
+    def page_key(self, page: int) -> tuple[bytes, tuple] | None:
+        """:meth:`PrefixIndex.page_key`: the hash chain of the tokens root..``page``."""
+        node = self._page_node.get(page)
+        if node is None:
+            return None
+        ps, top = self.page_size, self.path(node)[0].parent
+        key = next(k for k, r in self._roots.items() if r is top)   # the tree's extra_key
+        tokens = self.tokens_to(node)
+        end = len(tokens) - len(node.key) + (node.value.index(page) + 1) * ps
+        return chain_hash(tokens[:end], key, ps), tuple(tokens[end - ps:end])
 
     # ------------------------------------------------------------------ helpers
     def _split(self, child: TreeNode, m: int) -> TreeNode:

@@ -18,6 +18,8 @@ Each :class:`TreeNode` (fields named as in the SGLang paper) holds
 
 from __future__ import annotations
 
+import heapq
+
 from .prefix_index import IndexNode
 
 
@@ -65,3 +67,30 @@ class TreeNode:
         below_root = self.parent is None or self.parent.parent is None
         return IndexNode(self.id, None if below_root else self.parent.id, tuple(self.key),
                          tuple(self.value), self.lock_ref)
+
+
+def replay_eviction(nodes, priority) -> list[int]:
+    """The pages eviction would take, in order, from ``nodes`` (a tree's, parents first),
+    without touching the tree (for drawings: :meth:`RadixIndex.eviction_order`).
+
+    Replays eviction on counters: the first-ranked unlocked leaf gives its pages
+    from the end, then its parent joins the candidates once its last child is gone.
+    """
+    left = {}                                          # node id -> children not yet evicted
+    heap = []
+    for n in nodes:
+        if n.lock_ref == 0:
+            left[n.id] = len(n.children)
+            if not n.children:
+                heap.append((priority(n), n.id, n))
+    heapq.heapify(heap)
+    out: list[int] = []
+    while heap:
+        _, _, n = heapq.heappop(heap)
+        out.extend(reversed(n.value))
+        parent = n.parent
+        if parent.parent is not None and parent.lock_ref == 0:
+            left[parent.id] -= 1
+            if left[parent.id] == 0:
+                heapq.heappush(heap, (priority(parent), parent.id, parent))
+    return out

@@ -17,6 +17,12 @@ Type a message and press Enter; ``/exit`` or end of input (Ctrl-D) quits,
 ``/reset`` starts a new conversation. ``--model tiny`` chats with the random
 toy model (gibberish, but fast: for tests). Every engine option is a flag
 (``--prefix-cache radix``, ``--num-pages``...: see ``--help``).
+
+With a disk tier (``--disk-cache-dir DIR``) the conversation is kept in
+``DIR/chat.json`` after each turn and its pages in ``DIR``'s files; ``--resume``
+starts from that conversation, and its first turn reads the earlier turns'
+pages back from disk instead of recomputing them (the status line says how
+many tokens came from disk, or from ``--host-cache-memory``).
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per answer at most")
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     p.add_argument("--system", default=None, help="a system prompt (default: the template's)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the conversation kept under --disk-cache-dir (its earlier "
+                   "turns' pages come back from disk)")
     add_quantization_arg(p)
     add_engine_args(p, "chat")                     # every EngineConfig field, as a flag
     return p
@@ -52,6 +61,8 @@ def parse_args(argv):
     if args.temperature < 0:
         p.error("--temperature must be >= 0")
     args.config = engine_config(args, p)           # a refused engine option exits here
+    if args.resume and args.config.disk_cache_dir is None:
+        p.error("--resume needs --disk-cache-dir (where the conversation was kept)")
     quantization_of(args, p, random_model=args.model == "tiny")
     return args
 
@@ -84,18 +95,47 @@ def answer(llm, messages, params, write) -> tuple[str, object, float]:
     return shown, final, time.perf_counter() - t0
 
 
-def status_line(llm, out, seconds: float, first_step: int = 0) -> str:
-    """What the turn reused and took; ``first_step``: the engine's step count before it."""
+def status_line(llm, out, seconds: float, first_step: int = 0,
+                tiers_before: dict | None = None) -> str:
+    """What the turn reused and took; ``first_step``: the engine's step count before it;
+    ``tiers_before``: ``engine.stats()["tiers"]`` before it (what each tier served)."""
     pool = llm.engine.cache.pool
     n = len(out.outputs[0].token_ids)
-    window = ""
+    window = below = ""
     if llm.engine.sliding_window is not None:  # the context, and the pages it took at most
         held = llm.engine.metrics["series"]["num_in_use"][first_step:]
         window = (f" | context {len(out.prompt_token_ids) + n:,} tokens, at most "
                   f"{max(held, default=0)} pages in use")
+    if tiers_before is not None:                   # tokens each tier served this turn
+        from ..registry import KV_TIERS
+
+        now = llm.engine.stats()["tiers"]
+        got = [f"{now[t]['loaded_tokens'] - tiers_before[t]['loaded_tokens']} from "
+               f"{KV_TIERS[t].label if t in KV_TIERS else t}" for t in now]
+        below = f" ({', '.join(got)})"
     return (f"[reused {out.num_cached_tokens} of {len(out.prompt_token_ids)} prompt tokens from "
-            f"the cache | pages: {pool.num_in_use} in use, {pool.num_cached} cached of "
+            f"the cache{below} | pages: {pool.num_in_use} in use, {pool.num_cached} cached of "
             f"{llm.engine.cache.cfg.num_pages}{window} | {n / seconds:.1f} tokens/s]")
+
+
+def conversation_file(cfg):
+    """Where a chat with a disk tier keeps its conversation, or None."""
+    from pathlib import Path
+
+    return None if cfg.disk_cache_dir is None else Path(cfg.disk_cache_dir) / "chat.json"
+
+
+def save_conversation(path, messages) -> None:
+    """Write the conversation atomically (a temporary file renamed over the old one)."""
+    import json
+
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(messages, indent=1))
+        tmp.replace(path)
+    except OSError as e:
+        print(f"chat: cannot keep the conversation in {path}: {e}", file=sys.stderr)
 
 
 def main(argv: list[str], stdin=None, stdout=None) -> int:
@@ -119,6 +159,14 @@ def main(argv: list[str], stdin=None, stdout=None) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
     start = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(start)
+    kept = conversation_file(cfg)
+    if args.resume and kept.is_file():
+        import json
+
+        messages = json.loads(kept.read_text())
+        turns = sum(m["role"] == "user" for m in messages)
+        print(f"(resumed a conversation of {turns} turns from {kept}; its pages are read "
+              "back from disk)", file=stdout)
 
     def write(s):
         stdout.write(s)
@@ -141,9 +189,12 @@ def main(argv: list[str], stdin=None, stdout=None) -> int:
         messages.append({"role": "user", "content": line})
         write("bot> ")
         first_step = llm.engine.metrics["steps"]
+        before = llm.engine.stats()["tiers"] if cfg.tiers else None
         text, out, seconds = answer(llm, messages, params, write)
         messages.append({"role": "assistant", "content": text})
-        write("\n" + status_line(llm, out, seconds, first_step) + "\n")
+        write("\n" + status_line(llm, out, seconds, first_step, before) + "\n")
+        if kept is not None:
+            save_conversation(kept, messages)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,11 @@ def parse_args(argv):
     ap.add_argument("--quick", action="store_true", help="small traces: well under a minute")
     ap.add_argument("--prefix-cache", action="store_true",
                     help="instead: hash chain vs radix tree, fcfs vs lpm (see sim/prefix.py)")
-    ap.add_argument("--markdown", metavar="PATH", help="--prefix-cache: write the table here")
+    ap.add_argument("--tiers", action="store_true",
+                    help="instead: hit rate and prefill saved against the size of a host "
+                         "tier below the arena (see sim/tiers.py)")
+    ap.add_argument("--markdown", metavar="PATH",
+                    help="--prefix-cache or --tiers: write the table here")
     ap.add_argument("--kv-cache-dtype", default="float16", choices=KV_FORMATS,
                     help="the KV format of the memory breakdown's 12 GiB (default float16, "
                          "the paper's): it sets the bytes of a page and so the token slots")
@@ -63,10 +67,28 @@ def prefix_cache(args) -> int:
     return 0
 
 
+def tiers(args) -> int:
+    """``--tiers``: the chat and system-prompt traces against host tier sizes."""
+    from ..sim import tiers as sim_tiers
+
+    t0 = time.perf_counter()
+    res = sim_tiers.run(args.seed)
+    table = sim_tiers.report(res)
+    print(table)
+    print(f"({time.perf_counter() - t0:.1f} s)")
+    write_json(res, args.json)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table + "\n")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.prefix_cache:
         return prefix_cache(args)
+    if args.tiers:
+        return tiers(args)
     from ..sim import simulate
     from ..sim.plot import plot_all, report
 

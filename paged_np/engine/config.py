@@ -11,6 +11,7 @@ accepted here, by the commands' flags and by ``info`` alike.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +30,7 @@ from ..registry import (
     SCHEDULERS,
     SCHEDULES,
     SPEC_METHODS,
+    TIER_WRITE_POLICIES,
     check_backend,
 )
 
@@ -147,6 +149,23 @@ class EngineConfig:
                              choices=SCHEDULERS)
     sampler: str = _option("vllm", "the sampler function", choices=SAMPLERS)
     engine_step: str = _option("vllm", "the engine step function", choices=ENGINE_STEPS)
+    # The tiers below the arena (cache/tiers.py): where the arena's evicted pages are kept.
+    host_cache_memory: int | str | None = _option(
+        None, "a host-memory tier for pages the arena evicts, in bytes or like '1GiB' "
+        "(off by default)", type=str)
+    disk_cache_dir: str | None = _option(
+        None, "a disk tier for pages, one file each under this directory, kept across "
+        "restarts (off by default)", type=str)
+    disk_cache_memory: int | str | None = _option(
+        None, "the disk tier's budget in bytes or like '4GiB' (default 4GiB)", type=str)
+    disk_write_policy: str = _option(
+        "write_through", "when a page is written to disk: as it is computed, or only when "
+        "the host tier evicts it", choices=TIER_WRITE_POLICIES)
+    tier_eviction_policy: object = _option(
+        "lru", "which page the host and disk tiers evict first", choices=EVICTION_POLICIES)
+    tier_reuse_gate: int = _option(
+        0, "keep a page in the tiers only once more than this many prompts asked for it "
+        "(vLLM's reuse gate: 1; 0 keeps every page)")
     speculative_config: SpeculativeConfig | dict | None = _option(
         None, "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", "
         "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 1}'",
@@ -154,6 +173,8 @@ class EngineConfig:
 
     #: Used when neither num_pages nor kv_cache_memory is given.
     DEFAULT_KV_CACHE_MEMORY = "256MiB"
+    #: The disk tier's budget when disk_cache_dir is given without disk_cache_memory.
+    DEFAULT_DISK_CACHE_MEMORY = "4GiB"
 
     def __post_init__(self):
         if self.num_pages is not None and self.kv_cache_memory is not None:
@@ -185,9 +206,30 @@ class EngineConfig:
         if not isinstance(self.record_events, (bool, np.bool_)):
             raise DTypeError(f"record_events must be a bool, got "
                              f"{type(self.record_events).__name__}")
+        self._check_tiers()
         spec = self.speculative_config
         if spec is not None and not isinstance(spec, SpeculativeConfig):
             object.__setattr__(self, "speculative_config", SpeculativeConfig.from_dict(spec))
+
+    def _check_tiers(self) -> None:
+        if self.host_cache_memory is not None:
+            parse_bytes(self.host_cache_memory, "host_cache_memory")
+        if self.disk_cache_memory is not None:
+            parse_bytes(self.disk_cache_memory, "disk_cache_memory")
+        if self.disk_cache_dir is not None:
+            if not isinstance(self.disk_cache_dir, (str, os.PathLike)) or not str(
+                    self.disk_cache_dir):
+                raise DTypeError(f"disk_cache_dir must be a path, got {self.disk_cache_dir!r}")
+            object.__setattr__(self, "disk_cache_dir", os.fspath(self.disk_cache_dir))
+        check_choice("disk_write_policy", self.disk_write_policy, TIER_WRITE_POLICIES)
+        check_eviction_policy("tier_eviction_policy", self.tier_eviction_policy)
+        object.__setattr__(self, "tier_reuse_gate",
+                           check_int("tier_reuse_gate", self.tier_reuse_gate, 0))
+
+    @property
+    def tiers(self) -> bool:
+        """Whether a tier below the arena is configured (host memory or disk)."""
+        return self.host_cache_memory is not None or self.disk_cache_dir is not None
 
     @classmethod
     def from_options(cls, config: EngineConfig | None = None, /, **options) -> EngineConfig:

@@ -31,7 +31,7 @@ scheduler, the sampler and the step itself are the registry entries that
 ``EngineConfig.kv_cache``, ``scheduler``, ``sampler`` and ``engine_step``
 name, so a learner's own class or function replaces the package's. Plug-ins
 load only when chosen: speculative decoding (:mod:`.speculation`), swap
-(:mod:`.swap`), logprobs (:mod:`.logprobs`).
+(:mod:`.swap`), logprobs (:mod:`.logprobs`), the tiers below the arena (:mod:`.tiering`).
 
 Who owns what (:mod:`.request`): the engine keeps one :class:`ParentRequest`
 per user request and is the only writer of its ``output``; the scheduler
@@ -50,7 +50,7 @@ import types
 
 import numpy as np
 
-from ..checks import as_token_ids, check_int
+from ..checks import as_extra_key, as_token_ids, check_int
 from ..errors import DTypeError, InvalidArgument, UnknownRequest
 from ..registry import ENGINE_STEPS, KV_CACHES, SAMPLERS, SCHEDULERS
 from .batching import build_batch
@@ -85,6 +85,9 @@ class Engine:
                                                   record_events=cfg.record_events)
         # The attention's mask: the option's window (else the model's) and its sinks.
         self.sliding_window, self.attention_sinks = cfg.attention_window(model.cfg)
+        if cfg.tiers:                   # the tiers below the arena (host, disk): a plug-in
+            from .tiering import attach_tiers
+            attach_tiers(self.cache, cfg, model)
         refusal = self.cache.prefix_index.no_sliding_window
         if self.sliding_window is not None and refusal:
             raise InvalidArgument(f"Engine: prefix_cache={cfg.prefix_cache!r} cannot serve a "
@@ -102,13 +105,14 @@ class Engine:
 
     # ------------------------------------------------------------ requests
     def add_request(self, prompt, params: SamplingParams | None = None, request_id=None,
-                    request_index: int | None = None):
+                    request_index: int | None = None, cache_salt: str | None = None):
         """Queue one prompt; returns its request id.
 
         ``request_index`` keys the random generators of its samples (with the
         params' seed); by default it counts the requests added to this engine.
-        A prompt that can never fit in the cache is not refused here: the
-        request finishes at the next step with ``finish_reason == "error"``.
+        ``cache_salt`` (vLLM's) enters its pages' hashes: only the same salt shares pages.
+        A prompt that can never fit in the cache finishes at the next step with
+        ``finish_reason == "error"``.
         """
         prompt, params = self._check_request(prompt, params)
         if request_id is None:
@@ -116,15 +120,15 @@ class Engine:
         if request_id in self._requests:
             raise InvalidArgument(f"request_id {request_id!r} is already in the engine")
         index = self._num_requests if request_index is None else request_index
-        self._num_requests += 1
         want = params.logprobs is not None               # vLLM: None unless asked for
         out = RequestOutput(request_id, list(prompt),     # the user's copy
                             [SampleOutput(j, logprobs=[] if want else None,
                                           cumulative_logprob=0.0 if want else None)
                              for j in range(params.n)],
                             prompt_logprobs=None if params.prompt_logprobs is None else [None])
-        parent = ParentRequest(request_id, index, prompt, params, out)
-        reason = self._never_fits(len(prompt))
+        parent = ParentRequest(request_id, index, prompt, params, out, as_extra_key(cache_salt))
+        self._num_requests += 1                          # a refused salt changed nothing
+        reason = self.scheduler.never_fits(len(prompt))
         if reason:
             self._finish_request(parent, "error", reason)
             return request_id
@@ -393,20 +397,6 @@ class Engine:
             parent.output.error = error
         self._requests.pop(parent.request_id, None)
         self._done.append(parent.output)
-
-    def _never_fits(self, prompt_len: int) -> str | None:
-        """Why a prompt can never be served, or None."""
-        cfg, window = self.cache.cfg, self.sliding_window
-        if window is None:
-            need = -(-prompt_len // cfg.page_size)
-            what = f"a prompt of {prompt_len} tokens needs {need} pages"
-        else:  # chunked prefill keeps only the sinks' pages, the window and one of slack
-            need = -(-self.attention_sinks // cfg.page_size) + -(-window // cfg.page_size) + 1
-            what = f"a sliding window of {window} tokens needs {need} pages"
-        if need > cfg.num_pages:
-            return (f"{what} but the cache has num_pages={cfg.num_pages} "
-                    f"(page_size={cfg.page_size}): it can never fit")
-        return None
 
     # -------------------------------------------------------------- metrics
     @property

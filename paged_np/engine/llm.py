@@ -176,7 +176,10 @@ class LLM:
         """Complete every prompt; one :class:`RequestOutput` per prompt, in order.
 
         ``prompts``: a string, a list of strings, or token ids (one list of
-        ints, or a list of them). ``sampling_params``: one for all, or a list.
+        ints, or a list of them); or vLLM's dicts, ``{"prompt": text}`` or
+        ``{"prompt_token_ids": ids}``, with an optional ``"cache_salt"``: only
+        prompts with the same salt share cached pages (tenants apart, in every
+        tier). ``sampling_params``: one for all, or a list.
         """
         prompts = self._as_prompt_list(prompts)
         return self._run(prompts, sampling_params)
@@ -213,9 +216,9 @@ class LLM:
         checked = [self._check(p, sp) for p, sp in zip(prompts, sampling_params)]  # all first
         ids = []
         try:
-            for text, token_ids, params, index in checked:
+            for text, token_ids, params, index, salt in checked:
                 rid = f"llm-{next(self._ids)}"
-                self._add(rid, text, token_ids, params, index)
+                self._add(rid, text, token_ids, params, index, salt)
                 ids.append(rid)
             results = {}
             while len(results) < len(ids):
@@ -231,7 +234,7 @@ class LLM:
 
     @staticmethod
     def _as_prompt_list(prompts) -> list:
-        if isinstance(prompts, str):
+        if isinstance(prompts, (str, dict)):
             return [prompts]
         if isinstance(prompts, np.ndarray):
             prompts = prompts.tolist()
@@ -256,8 +259,8 @@ class LLM:
         self._add(request_id, *self._check(prompt, params))
 
     def _check(self, prompt, params):
-        """``(text or None, token ids, engine params, request index)`` for one prompt, or a
-        PagedNPError.
+        """``(text or None, token ids, engine params, request index, cache salt)`` for one
+        prompt, or a PagedNPError.
 
         A request's own ``seed`` makes it reproducible wherever it comes in the
         batch (its generators are keyed as request 0, as vLLM seeds per request);
@@ -268,6 +271,7 @@ class LLM:
         if not isinstance(params, SamplingParams):
             raise DTypeError(f"sampling_params must be a SamplingParams, got "
                              f"{type(params).__name__}")
+        prompt, salt = _unpack_prompt(prompt)
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
             if not token_ids:
@@ -299,13 +303,14 @@ class LLM:
         if engine_params.n > self.engine.config.max_num_seqs:
             raise InvalidArgument(f"SamplingParams.n={params.n} exceeds "
                                   f"max_num_seqs={self.engine.config.max_num_seqs}")
-        return text, token_ids, engine_params, (0 if own_seed else None)
+        return text, token_ids, engine_params, (0 if own_seed else None), salt
 
-    def _add(self, request_id, text, token_ids, params, request_index=None) -> None:
+    def _add(self, request_id, text, token_ids, params, request_index=None,
+             cache_salt=None) -> None:
         from ..models import IncrementalDetokenizer
 
         self.engine.add_request(token_ids, params, request_id=request_id,
-                                request_index=request_index)
+                                request_index=request_index, cache_salt=cache_salt)
         output = self.engine.request_output(request_id)
         output.prompt = text
         detoks = [IncrementalDetokenizer(self.tokenizer, token_ids) for _ in output.samples]
@@ -395,3 +400,18 @@ class LLM:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._live)
+
+
+def _unpack_prompt(prompt) -> tuple:
+    """``(text or token ids, cache_salt or None)`` of a prompt; vLLM's dict form
+    (``{"prompt": ...}`` or ``{"prompt_token_ids": ...}``, ``"cache_salt"``) unpacked."""
+    if not isinstance(prompt, dict):
+        return prompt, None
+    unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids", "cache_salt"})
+    if unknown or ("prompt" in prompt) == ("prompt_token_ids" in prompt):
+        raise InvalidArgument(f"prompt: a dict takes 'prompt' or 'prompt_token_ids' (one of "
+                              f"them) and 'cache_salt', got keys {sorted(prompt)}")
+    salt = prompt.get("cache_salt")
+    if salt is not None and not isinstance(salt, str):
+        raise DTypeError(f"cache_salt must be a str, got {type(salt).__name__}")
+    return prompt.get("prompt", prompt.get("prompt_token_ids")), salt

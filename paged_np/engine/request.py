@@ -44,6 +44,9 @@ class ParentRequest:
     prompt: list
     params: object                # SamplingParams
     output: object                # RequestOutput: the only one, written by the engine
+    #: vLLM's ``cache_salt`` as the cache's ``extra_key`` (bytes), or None: only
+    #: requests with the same salt share cached pages.
+    cache_salt: bytes | None = None
     seqs: list = field(default_factory=list)
 
 

@@ -221,7 +221,7 @@ class Scheduler:
         # The index may keep what it derives from the tokens (a hash chain) in the
         # request's memo, as vLLM keeps block hashes on its Request: the tokens only grow.
         return self.cache.num_cached_prefix_tokens(self._lookup_tokens(req),
-                                                   memo=req.prefix_memo)
+                                                   req.parent.cache_salt, req.prefix_memo)
 
     @staticmethod
     def _num_known(req: Request) -> int:
@@ -257,7 +257,8 @@ class Scheduler:
         cache = self.cache
         swapped = req.status == SWAPPED
         n_known = self._num_known(req)
-        n_hit = cache.add_sequence(req.seq_id, self._lookup_tokens(req))  # prefix: no compute
+        n_hit = cache.add_sequence(req.seq_id, self._lookup_tokens(req),  # prefix: no compute
+                                   req.parent.cache_salt)
         req.seq = cache.sequence(req.seq_id)
         if not swapped:
             self.release_outside_window(req)
@@ -339,6 +340,20 @@ class Scheduler:
                                             self.sinks)
 
     # ----------------------------------------------------------------- sizes
+    def never_fits(self, prompt_len: int) -> str | None:
+        """Why a prompt of ``prompt_len`` tokens can never be served here, or None."""
+        cfg, window = self.cache.cfg, self.window
+        if window is None:
+            need = -(-prompt_len // cfg.page_size)
+            what = f"a prompt of {prompt_len} tokens needs {need} pages"
+        else:  # chunked prefill keeps only the sinks' pages, the window and one of slack
+            need = -(-self.sinks // cfg.page_size) + -(-window // cfg.page_size) + 1
+            what = f"a sliding window of {window} tokens needs {need} pages"
+        if need > cfg.num_pages:
+            return (f"{what} but the cache has num_pages={cfg.num_pages} "
+                    f"(page_size={cfg.page_size}): it can never fit")
+        return None
+
     def _max_new_tokens(self, req: Request) -> int:
         """Tokens ``req`` could add if it had every page of the arena to itself."""
         released = self.cache.num_released_pages(req.seq_id)  # window: given back already

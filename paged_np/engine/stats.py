@@ -118,6 +118,7 @@ class EngineStats:
             "model_s": self.model_s,
             "sample_s": self.sample_s,
             "overhead_fraction": (total - self.model_s) / total if total else 0.0,
+            "tiers": tier_stats(cache),
             "series": {k: list(v) for k, v in self.series.items()},
         }
 
@@ -160,7 +161,15 @@ class EngineStats:
             "steps": self.steps,
             "generated_tokens": self.generated_tokens,
             **self.spec_counts(),
+            "tiers": tier_stats(cache),
         }
+
+
+def tier_stats(cache) -> dict:
+    """Each tier below the arena by name (``host``, ``disk``): pages, bytes,
+    capacity_bytes, hits, stores, evictions, faults, loaded_tokens; {} without tiers."""
+    tiers = getattr(cache, "tiers", None)
+    return {} if tiers is None else tiers.stats()
 
 
 def _page_counts(cache) -> dict:

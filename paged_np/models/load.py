@@ -79,6 +79,7 @@ def load_model(name_or_path, dtype=np.float32,
     if quantization == "gguf_a8" and is_quantized(weights):
         weights = with_int8_activations(weights)
     model = model_class(cfg.architecture)(cfg, weights)           # the registry's table
+    model.source = (str(path.resolve()), quantization)  # what it was read from (disk tier)
     del weights                                                  # the model holds its own copy
     _return_freed_memory()
     return model, tokenizer

@@ -189,7 +189,7 @@ class Server:
                            "server_error")
         rid = f"{prefix}-{uuid.uuid4().hex[:16]}"
         q = Mailbox()
-        self.loop.submit(rid, prompt_ids, params, asyncio.get_running_loop(), q)
+        self.loop.submit(rid, prompt_ids, params, asyncio.get_running_loop(), q, req.cache_salt)
         return rid, q
 
 

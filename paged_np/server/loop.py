@@ -129,8 +129,9 @@ class EngineLoop:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def submit(self, request_id, prompt_ids, params, aloop, q) -> None:
-        self._inbox.put(("add", request_id, prompt_ids, params, aloop, q, time.perf_counter()))
+    def submit(self, request_id, prompt_ids, params, aloop, q, cache_salt=None) -> None:
+        self._inbox.put(("add", request_id, prompt_ids, params, aloop, q, time.perf_counter(),
+                         cache_salt))
         self._wake.set()
 
     def abort(self, request_id) -> None:
@@ -211,10 +212,12 @@ class EngineLoop:
             if msg[0] == "abort":
                 self._abort(msg[1], None)
                 continue
-            _, rid, prompt_ids, params, aloop, q, arrival = msg
+            _, rid, prompt_ids, params, aloop, q, arrival, salt = msg
             stream = _Stream(aloop, q, params.n, len(prompt_ids), arrival)
+            prompt = prompt_ids if salt is None else {"prompt_token_ids": prompt_ids,
+                                                      "cache_salt": salt}
             try:
-                self.llm.add_request(rid, prompt_ids, params)
+                self.llm.add_request(rid, prompt, params)
             except PagedNPError as e:                    # refused: only this request fails
                 status = 400 if isinstance(e, InvalidArgument) else 500
                 stream.push(_error_update(stream, str(e), status))   # our own words

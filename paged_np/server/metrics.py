@@ -61,6 +61,20 @@ ENGINE_METRICS = {
     "spec_decode_num_accepted_tokens_total": ("counter", "spec_num_accepted_tokens",
                                               "Draft tokens accepted."),
 }
+#: The tiers below the arena, one series per tier (label ``tier``: host, disk), from
+#: ``Engine.stats()["tiers"]``: metric name -> (type, key of a tier's stats, help).
+TIER_METRICS = {
+    "kv_tier_pages": ("gauge", "pages", "Pages held in a tier below the arena."),
+    "kv_tier_bytes": ("gauge", "bytes", "Bytes held in a tier below the arena."),
+    "kv_tier_capacity_bytes": ("gauge", "capacity_bytes", "A tier's budget in bytes."),
+    "kv_tier_hits_total": ("counter", "hits", "Pages a prefix lookup found in a tier."),
+    "kv_tier_loaded_tokens_total": ("counter", "loaded_tokens",
+                                    "Prompt tokens copied back from a tier, not recomputed."),
+    "kv_tier_stores_total": ("counter", "stores", "Pages stored into a tier."),
+    "kv_tier_evictions_total": ("counter", "evictions", "Pages a tier dropped to make room."),
+    "kv_tier_faults_total": ("counter", "faults", "Pages a tier could not store or give "
+                             "back intact (counted as misses, recomputed)."),
+}
 #: The server's one number kept outside the engine and counted by it: the cache view's time.
 CACHE_VIEW_SECONDS = ("cache_view_seconds_total", "Engine-loop seconds spent building the "
                       "cache's view for /v1/cache/stream (0 unwatched).")
@@ -133,6 +147,13 @@ class _EngineCollector:
         for name, (kind, key, help_) in ENGINE_METRICS.items():
             family = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
             yield family(PREFIX + name, help_, value=stats.get(key, 0))
+        tiers = stats.get("tiers") or {}
+        for name, (kind, key, help_) in TIER_METRICS.items() if tiers else ():
+            family = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
+                PREFIX + name, help_, labels=["tier"])
+            for tier, counts in tiers.items():
+                family.add_metric([tier], counts.get(key, 0))
+            yield family
         name, help_ = CACHE_VIEW_SECONDS
         yield CounterMetricFamily(PREFIX + name, help_, value=view_s)
 

@@ -94,6 +94,9 @@ class _SamplingFields(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = False          # vLLM's extra: generate max_tokens whatever comes
+    # vLLM's extra: enters the prompt's page hashes, so only requests with the same salt
+    # share cached pages (one tenant's prompts are never found by another's timing).
+    cache_salt: StrictStr | None = Field(default=None, min_length=1, max_length=256)
 
 
 class ChatCompletionRequest(_SamplingFields):

@@ -99,7 +99,8 @@ def distinct_tokens(trace, page_size: int) -> int:
 # --------------------------------------------------------------------- serving
 def serve(trace, parent, prefix_cache: str, schedule: str, num_pages: int, page_size: int,
           max_running: int = MAX_RUNNING,
-          max_batched_tokens: int = MAX_BATCHED_TOKENS, eviction_policy="lru") -> dict:
+          max_batched_tokens: int = MAX_BATCHED_TOKENS, eviction_policy="lru",
+          **options) -> dict:
     """Serve the trace with the engine, its model replaced by the trace; see the module docstring.
 
     Each step is :func:`~.trace_engine.trace_step`: the engine's scheduler picks the
@@ -108,12 +109,13 @@ def serve(trace, parent, prefix_cache: str, schedule: str, num_pages: int, page_
     request at its last one (its full pages stay cached); the requests
     waiting for it then join the queue. ``eviction_policy`` is
     :class:`~paged_np.EngineConfig`'s (a name or an ``EvictionPolicy``
-    subclass: the capstone of the notebooks measures its own here).
+    subclass: the capstone of the notebooks measures its own here). ``options``: any
+    other EngineConfig field (the tiers below the arena: :mod:`.tiers`).
     """
     config = EngineConfig(num_pages=num_pages, page_size=page_size, max_num_seqs=max_running,
                           max_num_batched_tokens=max_batched_tokens, schedule=schedule,
                           prefix_cache=prefix_cache, eviction_policy=eviction_policy,
-                          record_events=False)
+                          record_events=False, **options)
     engine = Engine(stand_in_model(), config)
     outputs = [r.output.tolist() for r in trace]
     children: dict = {}
@@ -140,7 +142,7 @@ def serve(trace, parent, prefix_cache: str, schedule: str, num_pages: int, page_
     m = engine.metrics
     return {"hit_rate": m["prefix_hit_rate"], "prefill_tokens": prefill,
             "preemptions": m["preemptions"], "prompt_tokens": m["prompt_tokens"],
-            "steps": m["steps"]}
+            "steps": m["steps"], **({"tiers": m["tiers"]} if m["tiers"] else {})}
 
 
 def run(seed: int = 0, progress: bool = True, workloads=WORKLOADS, page_sizes=PAGE_SIZES,

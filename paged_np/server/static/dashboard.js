@@ -189,6 +189,7 @@ function render() {
   if (spec) byId("spec-acceptance").textContent = pct(c.spec_acceptance_rate);
 
   renderRequests();
+  renderTiers(c.tiers || {});
   renderLru();
   renderTree();
   renderSparks();
@@ -201,6 +202,23 @@ function flash(ids, cls) {
     d.classList.remove("hit", "evicted"); void d.offsetWidth; d.classList.add(cls);
   }
   ids.clear();
+}
+
+// One row per tier below the arena (host memory, disk): what it holds and serves.
+function renderTiers(tiers) {
+  const names = Object.keys(tiers);
+  byId("tiers-panel").hidden = names.length === 0;
+  const body = byId("tiers");
+  body.replaceChildren(...names.map(name => {
+    const t = tiers[name], tr = document.createElement("tr");
+    tr.dataset.tier = name;
+    for (const v of [name, t.pages, t.hits, t.loaded_tokens, t.stores, t.evictions, t.faults]) {
+      const td = document.createElement("td");
+      td.textContent = typeof v === "number" ? v.toLocaleString() : String(v ?? 0);
+      tr.appendChild(td);
+    }
+    return tr;
+  }));
 }
 
 function pct(x) { return x == null || isNaN(x) ? "–" : (100 * x).toFixed(0) + "%"; }
