@@ -28,6 +28,8 @@ figures), :mod:`paged_np.viz` (drawings) and :mod:`paged_np.cli` (the
 all of them.
 """
 
+from typing import TYPE_CHECKING as _STATIC
+
 from .errors import (
     BackendUnavailable,
     ChatTemplateError,
@@ -48,6 +50,27 @@ from .errors import (
     UnknownSequence,
 )
 from .lazy import lazy_exports
+
+if _STATIC:  # what the names are, for static readers (mkdocstrings, IDEs); never run
+    from .attention import AttentionMetadata, paged_attention
+    from .attention.split_k import merge_attention_states
+    from .cache.batch import BatchMetadata
+    from .cache.events import Event
+    from .cache.eviction import EvictionPolicy, FIFOPolicy, LFUPolicy, LRUPolicy
+    from .cache.hash_index import HashIndex
+    from .cache.kv_cache import PagedKVCache
+    from .cache.page_pool import PagePool
+    from .cache.prefix_index import PrefixIndex, make_prefix_index
+    from .cache.radix import RadixIndex
+    from .config import CacheConfig, ModelConfig
+    from .engine.config import EngineConfig, SpeculativeConfig
+    from .engine.engine import Engine
+    from .engine.llm import LLM
+    from .engine.logprobs import Logprob
+    from .engine.sampling import SamplingParams
+    from .models.llama import LlamaModel
+    from .models.load import load_model
+    from .models.tokenizer import IncrementalDetokenizer, Tokenizer
 
 #: Public name -> the module that defines it (imported on first use).
 _EXPORTS = {
