@@ -51,13 +51,12 @@ def write_json(res: dict, path: str | None) -> None:
             json.dump(res, f, indent=1)
 
 
-def prefix_cache(args) -> int:
-    """``--prefix-cache``: every workload, page size, cache size, index and schedule."""
-    from ..sim import prefix
-
+def run_table(args, module) -> int:
+    """Run one simulation module (``run(seed)``, ``report(res)``): print its table, and
+    write the JSON (``--json``) and the table (``--markdown``) where asked."""
     t0 = time.perf_counter()
-    res = prefix.run(args.seed)
-    table = prefix.report(res)
+    res = module.run(args.seed)
+    table = module.report(res)
     print(table)
     print(f"({time.perf_counter() - t0:.1f} s)")
     write_json(res, args.json)
@@ -65,22 +64,20 @@ def prefix_cache(args) -> int:
         with open(args.markdown, "w") as f:
             f.write(table + "\n")
     return 0
+
+
+def prefix_cache(args) -> int:
+    """``--prefix-cache``: every workload, page size, cache size, index and schedule."""
+    from ..sim import prefix
+
+    return run_table(args, prefix)
 
 
 def tiers(args) -> int:
     """``--tiers``: the chat and system-prompt traces against host tier sizes."""
     from ..sim import tiers as sim_tiers
 
-    t0 = time.perf_counter()
-    res = sim_tiers.run(args.seed)
-    table = sim_tiers.report(res)
-    print(table)
-    print(f"({time.perf_counter() - t0:.1f} s)")
-    write_json(res, args.json)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(table + "\n")
-    return 0
+    return run_table(args, sim_tiers)
 
 
 def main(argv: list[str]) -> int:
