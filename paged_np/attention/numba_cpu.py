@@ -74,6 +74,7 @@ from .numba_kernels import (
     pad_block,
     tile_scores,
 )
+from .numba_kt import accumulate_pv_kt, tile_scores_kt
 from .numba_plan import (  # the plan, plain NumPy (re-exported: tests and benchmarks)
     ITEM_KHI,
     ITEM_KLO,
@@ -103,8 +104,8 @@ def _load_rows(qsrc, qt, q0, nq, kvh0, G, R, R4, RT):
 
 @njit(**JIT_OPTIONS)
 def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, klo, khi, window,
-                 out, lse, qt, row_pos, s, m, l, acc, k_scales, v_scales, ksc, vsc, scratch,
-                 q2s, sinks):
+                 out, lse, qt, qtt, row_pos, s, m, l, acc, k_scales, v_scales, ksc, vsc,
+                 scratch, q2s, sinks, k_transposed):
     """One work item: ``nq`` queries x ``n_kv * G`` heads against keys ``[klo, khi)``.
 
     The item covers kv heads ``kvh0 .. kvh0 + n_kv - 1``. Writes the
@@ -120,6 +121,11 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, kl
     row seeing the sinks its window does not cover (:func:`mask_sink_scores`),
     then the window's keys as always: the two sets never overlap.
 
+    ``k_transposed``: the K pages are ``[num_pages, num_kv_heads, head_dim,
+    page_size]`` (``kv_layout="k_transposed"``), scored by
+    :func:`~paged_np.attention.numba_kt.tile_scores_kt`; all else is the
+    same, V pages included.
+
     A row's arithmetic does not depend on how many keys the item reads past
     the row's own position (its other queries' keys, masked for it): keys go
     in fours from each page's start, a block's softmax runs over its keys
@@ -127,7 +133,7 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, kl
     bits of the decode step at its position.
     """
     H, D = q2.shape[1], q2.shape[2]
-    P = k_pages.shape[2]
+    P = v_pages.shape[2]  # V pages are [page_size, D] in every layout
     G = H // k_pages.shape[1]
     KB = s.shape[1] - SPARE_COLUMNS  # keys per block: a whole number of pages
     R = nq * G  # rows of one kv head: (query i, head g) -> r = i * G + g
@@ -148,6 +154,10 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, kl
     for phase in range(first_phase, 2):
         lo_k, hi_k = (0, sinks) if phase == 0 else (klo, khi)
         _load_rows(q2s if phase == 0 else q2, qt, q0, nq, kvh0, G, R, R4, RT)
+        if k_transposed:  # the same rows as [D, RT], for tile_scores_kt's broadcasts
+            for rt in range(RT):
+                for d in range(D):
+                    qtt[d, rt] = qt[rt, d]
         page_lo, page_hi = lo_k // P, (hi_k - 1) // P + 1
         for blk in range(page_lo, page_hi, PB):
             blk_hi = min(blk + PB, page_hi)
@@ -157,8 +167,12 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, kl
                 c = (j - blk) * P
                 nxt = bt_row[j + 1] if j + 1 < page_hi else -1  # page to prefetch meanwhile
                 for h in range(n_kv):  # the kv heads' tiles of a page lie side by side
-                    tile_scores(qt, k_pages, bt_row[j], kvh0 + h, s, h * R4, (h + 1) * R4, c,
-                                min(n - c, P), nxt)
+                    if k_transposed:
+                        tile_scores_kt(qt, qtt, k_pages, bt_row[j], kvh0 + h, s, h * R4,
+                                       (h + 1) * R4, c, min(n - c, P), nxt)
+                    else:
+                        tile_scores(qt, k_pages, bt_row[j], kvh0 + h, s, h * R4,
+                                    (h + 1) * R4, c, min(n - c, P), nxt)
                     if k_scales is not None:  # 8-bit: this page's scales, for the softmax
                         for t in range(min(n - c, P)):
                             ksc[h, c + t] = k_scales[bt_row[j], kvh0 + h, t]
@@ -177,8 +191,12 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, kl
                 c = (j - blk) * P
                 nxt = bt_row[j + 1] if j + 1 < page_hi else -1
                 for h in range(n_kv):
-                    accumulate_pv(s, v_pages, bt_row[j], kvh0 + h, acc, h * R4, (h + 1) * R4,
-                                  c, min(n - c, P), nxt)
+                    if k_transposed:
+                        accumulate_pv_kt(s, v_pages, bt_row[j], kvh0 + h, acc, h * R4,
+                                         (h + 1) * R4, c, min(n - c, P), nxt)
+                    else:
+                        accumulate_pv(s, v_pages, bt_row[j], kvh0 + h, acc, h * R4,
+                                      (h + 1) * R4, c, min(n - c, P), nxt)
     for h in range(n_kv):
         for i in range(nq):
             for g in range(G):
@@ -193,7 +211,7 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, kl
 @njit(**JIT_OPTIONS)
 def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items, w0, w1,
                max_rows, window, part_out, part_lse, heads_per_item, k_scales, v_scales,
-               q2s, sinks):
+               q2s, sinks, k_transposed):
     """Items ``w0:w1`` of the plan, one after the other, sharing one set of scratch arrays.
 
     ``max_rows``: the most rows (queries x G) an item has per kv head; each
@@ -205,10 +223,11 @@ def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, it
     split part (``S = 1``: the final answer).
     """
     D = q2.shape[2]
-    P = k_pages.shape[2]
+    P = v_pages.shape[2]
     KB = max(1, BLOCK_KEYS // P) * P  # keys per block
     RT = (max_rows + 3) // 4 * 4 * heads_per_item
     qt = np.empty((RT, D), np.float32)  # queries of the item   [RT, D]
+    qtt = np.empty((D, RT) if k_transposed else (0, 0), np.float32)  # the same, transposed
     row_pos = np.empty(RT, np.int64)  # each row's query position
     s = np.empty((RT, KB + SPARE_COLUMNS), np.float32)  # scores, then weights
     m = np.empty(RT, np.float32)
@@ -226,26 +245,27 @@ def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, it
         first_pos = seq_lens[b] - n_q + (q0 - query_start_loc[b])
         _attend_item(q2, k_pages, v_pages, block_tables[b], first_pos, q0, nq, it[ITEM_KVH],
                      heads_per_item, it[ITEM_KLO], it[ITEM_KHI], window, part_out[it[ITEM_SPLIT]],
-                     part_lse[it[ITEM_SPLIT]], qt, row_pos, s, m, l, acc, k_scales, v_scales,
-                     ksc, vsc, scratch, q2s, sinks if it[ITEM_SPLIT] == 0 else 0)
+                     part_lse[it[ITEM_SPLIT]], qt, qtt, row_pos, s, m, l, acc, k_scales, v_scales,
+                     ksc, vsc, scratch, q2s, sinks if it[ITEM_SPLIT] == 0 else 0, k_transposed)
 
 
 @njit(parallel=True, **JIT_OPTIONS)
 def _run_blocks(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
                 num_threads, max_rows, window, part_out, part_lse, heads_per_item, k_scales,
-                v_scales, q2s, sinks):
+                v_scales, q2s, sinks, k_transposed):
     """Block ``th`` of the plan on thread ``th`` of Numba's own workers (OpenMP): see
     :func:`_attend_items` for when (``benchmarks/attention_dispatch.py`` times it)."""
     per_thread = items.shape[0] // num_threads
     for th in prange(num_threads):
         _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
                    th * per_thread, (th + 1) * per_thread, max_rows, window, part_out,
-                   part_lse, heads_per_item, k_scales, v_scales, q2s, sinks)
+                   part_lse, heads_per_item, k_scales, v_scales, q2s, sinks, k_transposed)
 
 
 def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items,
                   num_threads, max_rows, window, part_out, part_lse, heads_per_item=1,
-                  k_scales=None, v_scales=None, threads="python", q2s=None, sinks=0):
+                  k_scales=None, v_scales=None, threads="python", q2s=None, sinks=0,
+                  k_transposed=False):
     """The parallel driver: thread ``th`` runs block ``th`` of the plan.
 
     ``items`` holds one contiguous block of rows per thread (see
@@ -270,7 +290,7 @@ def _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
     """
     args = (q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, items)
     tail = (max_rows, window, part_out, part_lse, heads_per_item, k_scales, v_scales,
-            q2 if q2s is None else q2s, sinks)
+            q2 if q2s is None else q2s, sinks, k_transposed)
     if threads == "numba" and num_threads > 1 and not BOUNDSCHECK:
         serial(_run_blocks)(*args, num_threads, *tail)  # serial: in a forked child
         return
@@ -348,7 +368,7 @@ def _merge_splits(part_out, part_lse, out, lse):
 
 def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
             sliding_window, return_lse, *, plans=None, k_scales=None, v_scales=None,
-            attention_sinks=0, q_sinks=None, **knobs):
+            attention_sinks=0, q_sinks=None, kv_layout="hnd", **knobs):
     """Backend entry (validated arguments, see the contract in docs/design.md).
 
     Sequences with at least ``blas_min_queries`` queries go to
@@ -365,6 +385,9 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     page_size]`` with 8-bit pages (int8 codes, or uint8 fp8 e4m3 bits).
     ``attention_sinks``, ``q_sinks``: the first keys every query sees, and the
     queries that score them (None: ``q``), as in ``paged_attention``.
+    ``kv_layout``: ``"hnd"`` or ``"k_transposed"`` (K pages ``[num_pages,
+    num_kv_heads, head_dim, page_size]``; V pages are ``[..., page_size,
+    head_dim]`` in both).
     """
     T, H, D = q.shape
     out = np.zeros((T, H, D), np.float32)
@@ -373,7 +396,7 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
         return out, (lse if return_lse else None)
     window = int(sliding_window or 0)
     sinks = int(attention_sinks) if window else 0
-    num_kv_heads, page_size = k_pages.shape[1], k_pages.shape[2]
+    num_kv_heads, page_size = v_pages.shape[1], v_pages.shape[2]
     seq_lens = np.ascontiguousarray(seq_lens, np.int64)
     qsl = np.ascontiguousarray(query_start_loc, np.int64)
     key = (H, num_kv_heads, page_size, D, k_pages.itemsize, window, numba.get_num_threads(),
@@ -387,7 +410,7 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     # The kernel first: a split-K merge rewrites all T rows, BLAS then fills its own.
     if plan.items is not None:
         _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, plan, scale, window,
-                        out, lse, k_scales, v_scales, sinks, q_sinks)
+                        out, lse, k_scales, v_scales, sinks, q_sinks, kv_layout != "hnd")
     for b in plan.blas_seqs:  # long prefill chunks: BLAS
         attend_sequence(q, k_pages, v_pages, block_tables[b], int(seq_lens[b]), int(qsl[b]),
                         int(qsl[b + 1] - qsl[b]), scale, window, out, lse, k_scales, v_scales,
@@ -396,7 +419,8 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
 
 
 def _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, plan, scale, window,
-                    out, lse, k_scales=None, v_scales=None, sinks=0, q_sinks=None):
+                    out, lse, k_scales=None, v_scales=None, sinks=0, q_sinks=None,
+                    k_transposed=False):
     """The Numba kernel on the plan's items; writes their rows of out, lse."""
     T, H, D = q.shape
     G = H // k_pages.shape[1]
@@ -413,6 +437,7 @@ def _forward_kernel(q, k_pages, v_pages, block_tables, seq_lens, qsl, plan, scal
         part_lse = np.full((S, T, H), EMPTY, np.float32)
     _attend_items(q2, k_pages, v_pages, block_tables, seq_lens, qsl, plan.items,
                   plan.num_threads, plan.q_tile * G, window, part_out, part_lse,
-                  plan.heads_per_item, k_scales, v_scales, plan.threads, q2s, sinks)
+                  plan.heads_per_item, k_scales, v_scales, plan.threads, q2s, sinks,
+                  k_transposed)
     if S > 1:
         _merge_splits(part_out, part_lse, out, lse)  # writes every token's rows

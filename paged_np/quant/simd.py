@@ -396,7 +396,7 @@ _CALLS = {0: lambda f: lambda: (lambda: f()),
           3: lambda f: lambda a, b, c: (lambda a, b, c: f(a, b, c))}
 
 
-def _jitted_as(intr):
+def jitted_as(intr):
     """Decorator: the function is the NumPy twin; jitted code calling it calls ``intr``."""
     def register(twin):
         overload(twin)(_CALLS[twin.__code__.co_argcount](intr))
@@ -404,46 +404,46 @@ def _jitted_as(intr):
     return register
 
 
-@_jitted_as(_prefetch_l2)
+@jitted_as(_prefetch_l2)
 def prefetch_l2(a, i):
     """Hint that ``a``'s flat element ``i`` will be read soon (a no-op in plain Python)."""
 
 
-@_jitted_as(_load_f32)
+@jitted_as(_load_f32)
 def load_f32(a, i):
     """``a``'s flat elements ``i:i+16``."""
     return a.reshape(-1)[i:i + LANES].astype(np.float32)
 
 
-@_jitted_as(_store_f32)
+@jitted_as(_store_f32)
 def store_f32(a, i, v):
     """``a``'s flat elements ``i:i+16`` = ``v``."""
     a.reshape(-1)[i:i + LANES] = v
 
 
-@_jitted_as(_zeros_f32)
+@jitted_as(_zeros_f32)
 def zeros_f32():
     return np.zeros(LANES, np.float32)
 
 
-@_jitted_as(_splat_f32)
+@jitted_as(_splat_f32)
 def splat(x):
     """``x`` (a float) in all 16 lanes."""
     return np.full(LANES, x, np.float32)
 
 
-@_jitted_as(_add)
+@jitted_as(_add)
 def add(a, b):
     return (a + b).astype(np.float32)
 
 
-@_jitted_as(_maximum)
+@jitted_as(_maximum)
 def maximum(a, b):
     """Lane by lane the larger (``b`` where ``a`` is not greater)."""
     return np.where(a > b, a, b)
 
 
-@_jitted_as(_lane)
+@jitted_as(_lane)
 def lane(v, i):
     """Lane ``i`` of ``v``, a float32."""
     return np.float32(v[i])

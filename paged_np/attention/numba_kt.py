@@ -1,0 +1,173 @@
+"""Scores of a transposed K page: one vector load serves 16 keys (``kv_layout="k_transposed"``).
+
+In the default layout a kv head's K page is ``[page_size, head_dim]``: a
+key's dimensions lie side by side, so ``q . k`` multiplies along a row and
+must *reduce* the vector across its lanes at the end (a few shuffles and adds
+per score: :func:`~paged_np.attention.numba_kernels.tile_scores_4x4` spends
+about as many instructions on them as on the multiply-adds).
+
+Transpose the page to ``[head_dim, page_size]`` and dimension ``d`` of 16
+consecutive keys is one 64-byte run: one 512-bit load. The scores of those 16
+keys for one query row are then ``head_dim`` multiply-adds of a *broadcast*
+``q[d]`` with that vector, summed lane by lane: key ``t`` stays in lane ``t``
+from the first dimension to the last, so nothing is reduced across lanes and
+the 16 scores come out in order, ready to store::
+
+    acc[0:16] = 0
+    for d in range(head_dim):
+        acc[0:16] += q[d] * K_T[d, t0:t0+16]     # one load, one FMA per row
+    s[row, t0:t0+16] = acc
+
+Four query rows (the GQA heads that share the kv head) share each load, so a
+load feeds four FMAs and the four sums stay in registers (8 of AVX2's 16).
+This is vLLM's first paged-attention key layout ``[num_blocks, num_kv_heads,
+head_size / x, block_size, x]`` with ``x = 1``: on a GPU each thread owned one
+key and read ``x`` of its dimensions (16 bytes) at once; on a CPU the vector
+runs across keys instead, so ``x`` is one element.
+
+The fast path needs float32 pages and a page size that is a multiple of 16;
+other page formats (float16 bits, 8-bit codes) and page sizes take
+:func:`tile_scores_kt_any`, the same loop with the sums in the score rows
+(widened element by element, which LLVM still vectorises across keys).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+from numba.core.extending import intrinsic
+
+from ..config import JIT_OPTIONS
+from ..quant.simd import (
+    LANES,
+    V_F32,
+    F32x16,
+    _address,
+    _splat,
+    fma,
+    jitted_as,
+    load_f32,
+    prefetch_l2,
+    store_f32,
+    zeros_f32,
+)
+from .numba_kernels import accumulate_pv
+from .numba_widen import to_f32
+
+
+@intrinsic
+def _splat_at(typingctx, a, i):
+    def codegen(context, builder, sig, args):
+        x = builder.load(_address(context, builder, sig.args[0], *args, V_F32.element))
+        return _splat(builder, x, V_F32)
+    return F32x16(a, i), codegen
+
+
+@jitted_as(_splat_at)
+def splat_at(a, i):
+    """``a``'s flat element ``i`` in all 16 lanes: one broadcast load (no negative-index
+    wrap-around: a plain ``a.flat[i]`` in jitted code tests ``i < 0`` at every load)."""
+    return np.full(LANES, a.reshape(-1)[i], np.float32)
+
+
+@jitted_as(fma)
+def fmadd(a, b, c):
+    """``a * b + c`` lane by lane, rounded once (the NumPy twin of ``simd.fma``)."""
+    return (a.astype(np.float64) * b + c).astype(np.float32)
+
+
+@njit(**JIT_OPTIONS)
+def tile_scores_kt(qt, qtt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
+    """``s[r0:r1, col0:col0+P] = qt[r0:r1] @ kp[pid, kvh]`` for a transposed page ``[D, P]``.
+
+    ``qtt`` is ``qt`` transposed (``[D, rows]``): the four rows' ``q[d]`` then
+    lie side by side, one address for all four broadcasts (four row pointers
+    spilled to the stack, measured in ``inspect_asm``). Writes the page's
+    whole ``P`` columns (``s`` has room: a block is whole pages); columns past
+    ``n_keys`` hold scores of stale slots, which the caller masks
+    (:func:`~paged_np.attention.numba_kernels.pad_block`) or never reads.
+    ``r1 - r0`` is a multiple of 4. As it reads the page it prefetches the
+    next one, ``kp[next_pid, kvh]`` (``< 0``: none), a cache line per vector.
+    """
+    if kp.itemsize != 4 or kp.shape[3] % LANES:  # float32 is the one 4-byte format
+        tile_scores_kt_any(qt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid)
+        return
+    D, P, R = kp.shape[2], kp.shape[3], qtt.shape[1]
+    base = (pid * kp.shape[1] + kvh) * D * P           # flat offset of the page's tile
+    pbase = ((next_pid if next_pid >= 0 else pid) * kp.shape[1] + kvh) * D * P
+    W = s.shape[1]                                     # s, qtt are C-contiguous
+    for t0 in range(0, min(n_keys, P), LANES):         # 16 keys per vector
+        for r in range(r0, r1, 4):
+            a0, a1, a2, a3 = zeros_f32(), zeros_f32(), zeros_f32(), zeros_f32()
+            for d in range(D):
+                prefetch_l2(kp, pbase + d * P + t0)    # the next page (a hint, never waits)
+                k = load_f32(kp, base + d * P + t0)    # K_T[d, t0:t0+16]
+                i = d * R + r                          # qtt[d, r:r+4], flat
+                a0 = fmadd(splat_at(qtt, i), k, a0)
+                a1 = fmadd(splat_at(qtt, i + 1), k, a1)
+                a2 = fmadd(splat_at(qtt, i + 2), k, a2)
+                a3 = fmadd(splat_at(qtt, i + 3), k, a3)
+            c = col0 + t0
+            store_f32(s, r * W + c, a0)
+            store_f32(s, (r + 1) * W + c, a1)
+            store_f32(s, (r + 2) * W + c, a2)
+            store_f32(s, (r + 3) * W + c, a3)
+
+
+@njit(**JIT_OPTIONS)
+def tile_scores_kt_any(qt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
+    """:func:`tile_scores_kt` for any page format and size: the sums live in ``s``'s rows.
+
+    Writes columns ``col0 .. col0 + n_keys - 1``. Each score is still summed
+    over ``d`` in order, one multiply-add at a time, so its bits do not depend
+    on how many keys the page holds.
+    """
+    D = kp.shape[2]
+    for r in range(r0, r1):
+        for t in range(n_keys):
+            s[r, col0 + t] = 0.0
+    for d in range(D):
+        if next_pid >= 0:
+            prefetch_l2(kp, ((next_pid * kp.shape[1] + kvh) * D + d) * kp.shape[3])
+        for r in range(r0, r1):
+            qd = qt[r, d]
+            for t in range(n_keys):
+                s[r, col0 + t] += qd * to_f32(kp[pid, kvh, d, t])
+
+
+@njit(**JIT_OPTIONS)
+def accumulate_pv_kt(p, vp, pid, kvh, acc, r0, r1, col0, n_keys, next_pid):
+    """``acc[r0:r1] += p[r0:r1, col0:col0+n_keys] @ vp[pid, kvh, :n_keys]``, in vectors.
+
+    The value pass of either layout (V pages are ``[page_size, head_dim]`` in
+    both), for float32 pages and ``head_dim`` a multiple of 16; else
+    :func:`~paged_np.attention.numba_kernels.accumulate_pv`. For each 16
+    dimensions, four rows' sums stay in registers while the page's keys go
+    by: one load of ``V[t, c:c+16]`` feeds four FMAs with the broadcast
+    weights ``p[row, t]``. Keys are added one at a time, in order, so a
+    key a row cannot see (weight 0) leaves its sums' bits as they were.
+    """
+    D = acc.shape[1]
+    if vp.itemsize != 4 or D % LANES:
+        accumulate_pv(p, vp, pid, kvh, acc, r0, r1, col0, n_keys, next_pid)
+        return
+    P = vp.shape[2]
+    base = (pid * vp.shape[1] + kvh) * P * D           # flat offset of the page's tile
+    pbase = ((next_pid if next_pid >= 0 else pid) * vp.shape[1] + kvh) * P * D
+    W = p.shape[1]                                     # p and acc are C-contiguous
+    for r in range(r0, r1, 4):
+        for c in range(0, D, LANES):
+            a0, a1 = load_f32(acc, r * D + c), load_f32(acc, (r + 1) * D + c)
+            a2, a3 = load_f32(acc, (r + 2) * D + c), load_f32(acc, (r + 3) * D + c)
+            for t in range(n_keys):
+                prefetch_l2(vp, pbase + t * D + c)     # the next page (a hint)
+                v = load_f32(vp, base + t * D + c)     # V[t, c:c+16]
+                pc = col0 + t
+                a0 = fmadd(splat_at(p, r * W + pc), v, a0)
+                a1 = fmadd(splat_at(p, (r + 1) * W + pc), v, a1)
+                a2 = fmadd(splat_at(p, (r + 2) * W + pc), v, a2)
+                a3 = fmadd(splat_at(p, (r + 3) * W + pc), v, a3)
+            store_f32(acc, r * D + c, a0)
+            store_f32(acc, (r + 1) * D + c, a1)
+            store_f32(acc, (r + 2) * D + c, a2)
+            store_f32(acc, (r + 3) * D + c, a3)
