@@ -36,6 +36,7 @@ from numba import njit
 
 from paged_np.attention import numba_cpu
 from paged_np.attention import numba_kernels as nk
+from paged_np.attention import numba_kt as kt_kernels
 from paged_np.cli.bench import HKV, PAGE, B, D, H, isa_info, make_decode_case, paged_reader
 
 CTX = 2048  # the default context; --ctx N for another
@@ -45,12 +46,15 @@ ALL = SCORES | SOFTMAX | RESCALE | PV
 
 
 @njit(nogil=True, fastmath=True)
-def _items(q2, kp, vp, bt, w0, w1, n_kv, parts, prefetch, four_keys):
-    """Decode items ``w0:w1`` (item = sequence, group of ``n_kv`` kv heads), parts chosen."""
-    P = kp.shape[2]
+def _items(q2, kp, vp, bt, w0, w1, n_kv, parts, prefetch, four_keys, kt):
+    """Decode items ``w0:w1`` (item = sequence, group of ``n_kv`` kv heads), parts chosen;
+    ``kt``: K pages transposed, scored by ``numba_kt.tile_scores_kt``, values by
+    ``numba_kt.accumulate_pv_kt``."""
+    P = vp.shape[2]
     KB = max(1, 128 // P) * P  # keys per softmax block, as numba_cpu.BLOCK_KEYS
     RT = n_kv * G
     qt = np.empty((RT, D), np.float32)
+    qtt = np.empty((D, RT), np.float32)
     s = np.ones((RT, KB), np.float32)
     m = np.empty(RT, np.float32)
     l = np.empty(RT, np.float32)
@@ -66,6 +70,7 @@ def _items(q2, kp, vp, bt, w0, w1, n_kv, parts, prefetch, four_keys):
             l[rt] = 0.0
             for d in range(D):
                 qt[rt, d] = q2[b, (kvh0 + h) * G + g, d]
+                qtt[d, rt] = qt[rt, d]
         PB = KB // P
         for blk in range(0, n_pages, PB):
             blk_hi = min(blk + PB, n_pages)
@@ -74,7 +79,10 @@ def _items(q2, kp, vp, bt, w0, w1, n_kv, parts, prefetch, four_keys):
                 for j in range(blk, blk_hi):
                     nxt = bt[b, j + 1] if prefetch and j + 1 < n_pages else -1
                     for h in range(n_kv):
-                        if four_keys:
+                        if kt:
+                            kt_kernels.tile_scores_kt(qt, qtt, kp, bt[b, j], kvh0 + h, s, h * G,
+                                                      (h + 1) * G, (j - blk) * P, P, nxt)
+                        elif four_keys:
                             nk.tile_scores_4x4(qt, kp, bt[b, j], kvh0 + h, s, h * G,
                                                (h + 1) * G, (j - blk) * P, P, nxt)
                         else:
@@ -86,14 +94,20 @@ def _items(q2, kp, vp, bt, w0, w1, n_kv, parts, prefetch, four_keys):
                 for j in range(blk, blk_hi):
                     nxt = bt[b, j + 1] if prefetch and j + 1 < n_pages else -1
                     for h in range(n_kv):
-                        nk.accumulate_pv(s, vp, bt[b, j], kvh0 + h, acc_pv, h * G,
-                                         (h + 1) * G, (j - blk) * P, P, nxt)
+                        if kt:
+                            kt_kernels.accumulate_pv_kt(s, vp, bt[b, j], kvh0 + h, acc_pv,
+                                                        h * G, (h + 1) * G, (j - blk) * P, P, nxt)
+                        else:
+                            nk.accumulate_pv(s, vp, bt[b, j], kvh0 + h, acc_pv, h * G,
+                                             (h + 1) * G, (j - blk) * P, P, nxt)
     return acc_pv[0, 0] + acc[0, 0] if acc.shape[1] else acc_pv[0, 0]
 
 
-def variant(case, parts=ALL, prefetch=True, n_kv=2, four_keys=True):
+def variant(case, parts=ALL, prefetch=True, n_kv=2, four_keys=True, kt=False):
     """A function that runs one decode step's items with these switches on all threads."""
     q, k, v, bt = case[:4]
+    if kt:  # the same keys, each K page [D, page]
+        k = np.ascontiguousarray(k.transpose(0, 1, 3, 2))
     if k.dtype == np.float16:
         k, v = k.view(np.uint16), v.view(np.uint16)
     q2 = (q * np.float32(D**-0.5 * nk.LOG2E)).astype(np.float32)
@@ -102,7 +116,7 @@ def variant(case, parts=ALL, prefetch=True, n_kv=2, four_keys=True):
     cuts = np.linspace(0, n_items, threads + 1).astype(int)
     pool = ThreadPoolExecutor(max(1, threads - 1))
     args = (q2, k, v, bt)
-    tail = (n_kv, parts, prefetch, four_keys)
+    tail = (n_kv, parts, prefetch, four_keys, kt)
 
     def run():
         fs = [pool.submit(_items, *args, cuts[i], cuts[i + 1], *tail) for i in range(1, threads)]
@@ -133,8 +147,11 @@ def main(argv) -> int:
     small = make_decode_case(PAGE, dtype)
     four = nk.vector_registers() == 32  # the kernel's own choice of score tile
     fwd = functools.partial(numba_cpu.forward, *case, D**-0.5, 0, False)
+    case_t = make_decode_case(ctx, dtype, kv_layout="k_transposed")
     fns = {
         "kernel (numba_cpu.forward)": fwd,
+        "kernel, K transposed (kv_layout='k_transposed')": functools.partial(
+            numba_cpu.forward, *case_t, D**-0.5, 0, False, kv_layout="k_transposed"),
         "paged read (sum of the same tiles)": paged_reader(*case[1:4]),
         "rebuilt item loop, all parts": variant(case, four_keys=four),
         "score tile only": variant(case, SCORES, four_keys=four),
@@ -145,6 +162,10 @@ def main(argv) -> int:
         "all parts, one-head items": variant(case, n_kv=1, four_keys=four),
         "all parts, score tile 4 rows x 4 keys": variant(case, four_keys=True),
         "all parts, score tile 4 rows x 2 keys": variant(case, four_keys=False),
+        "K transposed: all parts": variant(case, kt=True),
+        "K transposed: score tile only": variant(case, SCORES, kt=True),
+        "K transposed: value accumulation (vectors) only": variant(case, PV, kt=True),
+        "K transposed: all parts, no prefetch": variant(case, prefetch=False, kt=True),
         "dispatch (forward on a 1-page context)": functools.partial(
             numba_cpu.forward, *small, D**-0.5, 0, False),
     }

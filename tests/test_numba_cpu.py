@@ -20,16 +20,25 @@ import pytest
 from attention_cases import TOL, make_paged_case, prefill_query_counts, rel_error
 from numba import njit
 
-from paged_np.attention import numba_cpu, numba_kernels, numba_plan, numba_prefill
+from paged_np.attention import numba_cpu, numba_kernels, numba_kt, numba_plan, numba_prefill
 from paged_np.attention.numba_kernels import exp2
 from paged_np.attention.numba_widen import _half_bits_to_f32, half_to_f32, to_f32
+from paged_np.registry import KV_LAYOUTS
+
+#: Every K page layout; the kernel's tests run on each (``k_transposed``: the same keys).
+LAYOUTS = KV_LAYOUTS.names()
 
 
-def run(case, *, window=0, **knobs):
-    """numba_cpu.forward on a case (scale 1/sqrt(D)); returns (out, lse)."""
+def run(case, *, window=0, layout="hnd", **knobs):
+    """numba_cpu.forward on a case (scale 1/sqrt(D)) with its K pages in ``layout``;
+    returns (out, lse)."""
     scale = case.q.shape[2] ** -0.5
-    return numba_cpu.forward(case.q, case.k_pages, case.v_pages, case.block_tables,
-                             case.seq_lens, case.qsl, scale, window, True, **knobs)
+    k_pages = case.k_pages
+    if layout == "k_transposed":
+        k_pages = np.ascontiguousarray(k_pages.transpose(0, 1, 3, 2))  # [pages, Hkv, D, P]
+    return numba_cpu.forward(case.q, k_pages, case.v_pages, case.block_tables,
+                             case.seq_lens, case.qsl, scale, window, True, kv_layout=layout,
+                             **knobs)
 
 
 def assert_matches_reference(case, out, lse, window=0):
@@ -42,12 +51,15 @@ def assert_matches_reference(case, out, lse, window=0):
 @pytest.mark.parametrize("splits", [1, 2, 3, 7])
 @pytest.mark.parametrize("window", [0, 11])
 @pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
-def test_split_k_equals_unsplit(splits, window, kv_dtype):
-    """Forcing split-K (decode, long and short sequences) changes nothing but rounding."""
+@pytest.mark.parametrize("layout, page_size", [("hnd", 4), ("k_transposed", 4),
+                                               ("k_transposed", 16)])
+def test_split_k_equals_unsplit(splits, window, kv_dtype, layout, page_size):
+    """Forcing split-K (decode, long and short sequences) changes nothing but rounding.
+    (Transposed K pages of 16 float32 keys take the vector tile; of 4, the loop.)"""
     case = make_paged_case([70, 3, 41], num_heads=4, num_kv_heads=2, head_dim=16,
-                           page_size=4, kv_dtype=kv_dtype, seed=splits)
-    whole_out, whole_lse = run(case, window=window, num_splits=1)
-    out, lse = run(case, window=window, num_splits=splits)
+                           page_size=page_size, kv_dtype=kv_dtype, seed=splits)
+    whole_out, whole_lse = run(case, window=window, num_splits=1, layout=layout)
+    out, lse = run(case, window=window, num_splits=splits, layout=layout)
     np.testing.assert_allclose(out, whole_out, rtol=0, atol=2e-6)
     np.testing.assert_allclose(lse, whole_lse, rtol=0, atol=2e-6)
     assert_matches_reference(case, out, lse, window)
@@ -55,12 +67,14 @@ def test_split_k_equals_unsplit(splits, window, kv_dtype):
 
 @pytest.mark.parametrize("q_tile", [1, 2, 5, 64])
 @pytest.mark.parametrize("splits", [1, 3])
-def test_chunked_prefill_any_tile_and_split(q_tile, splits):
+@pytest.mark.parametrize("layout, page_size, head_dim", [("hnd", 8, 8), ("k_transposed", 8, 8),
+                                                         ("k_transposed", 16, 16)])
+def test_chunked_prefill_any_tile_and_split(q_tile, splits, layout, page_size, head_dim):
     """Prefill tiles of any size, with split-K on top, match the reference."""
     lens = [37, 9, 20, 1]
     case = make_paged_case(lens, prefill_query_counts(lens), num_heads=6, num_kv_heads=2,
-                           head_dim=8, page_size=8, seed=q_tile)
-    out, lse = run(case, window=6, q_tile=q_tile, num_splits=splits)
+                           head_dim=head_dim, page_size=page_size, seed=q_tile)
+    out, lse = run(case, window=6, q_tile=q_tile, num_splits=splits, layout=layout)
     assert_matches_reference(case, out, lse, window=6)
 
 
@@ -68,12 +82,14 @@ def test_chunked_prefill_any_tile_and_split(q_tile, splits):
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("window", [0, 7])
 @pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
-def test_decode_items_of_two_kv_heads(num_heads, splits, window, kv_dtype):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_decode_items_of_two_kv_heads(num_heads, splits, window, kv_dtype, layout):
     """Items that take two kv heads each give the one-head answer (and the reference)."""
     case = make_paged_case([45, 2, 30], num_heads=num_heads, num_kv_heads=2, head_dim=16,
-                           page_size=4, kv_dtype=kv_dtype, seed=num_heads + splits)
-    one_out, one_lse = run(case, window=window, num_splits=splits, heads_per_item=1)
-    out, lse = run(case, window=window, num_splits=splits, heads_per_item=2)
+                           page_size=16, kv_dtype=kv_dtype, seed=num_heads + splits)
+    one_out, one_lse = run(case, window=window, num_splits=splits, heads_per_item=1,
+                           layout=layout)
+    out, lse = run(case, window=window, num_splits=splits, heads_per_item=2, layout=layout)
     np.testing.assert_allclose(out, one_out, rtol=0, atol=2e-6)
     np.testing.assert_allclose(lse, one_lse, rtol=0, atol=2e-6)
     assert_matches_reference(case, out, lse, window)
@@ -87,11 +103,14 @@ def test_choose_heads_per_item_pairs_only_decode_with_items_to_spare():
 
 
 @pytest.mark.parametrize("page_size", [1, 8, 16, 32])
-def test_mqa_decode_with_poisoned_slots(page_size):
-    """MQA (one kv head), NaN in every unused slot and padding page, huge pad ids."""
-    case = make_paged_case([1, page_size + 1, 50], num_heads=4, num_kv_heads=1, head_dim=8,
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_mqa_decode_with_poisoned_slots(page_size, layout):
+    """MQA (one kv head), NaN in every unused slot and padding page, huge pad ids.
+    (A transposed page's vector tile scores all 16 keys of a vector, NaN slots too:
+    the scores past the last key must be masked or never read.)"""
+    case = make_paged_case([1, page_size + 1, 50], num_heads=4, num_kv_heads=1, head_dim=16,
                            page_size=page_size, seed=page_size, pad_value=2**31 - 1)
-    out, lse = run(case)
+    out, lse = run(case, layout=layout)
     assert_matches_reference(case, out, lse)
 
 
@@ -241,11 +260,17 @@ for lens, n_q, kv_dtype, knobs in [
         ([40, 9, 33], None, np.float16, {"heads_per_item": 2}),  # float16 bits, two kv heads
         ([70], None, np.float32, {"num_splits": 3}),  # split-K and its merge
         ([30, 12], [30, 5], np.float32, {}),  # prefill and chunked prefill in the kernel
-        ([30, 12], [30, 5], np.float16, {"blas_min_queries": 8})]:  # the BLAS prefill path
-    case = make_paged_case(lens, n_q, num_heads=8, num_kv_heads=2, head_dim=16, page_size=4,
+        ([30, 12], [30, 5], np.float16, {"blas_min_queries": 8}),  # the BLAS prefill path
+        ([40, 9, 33], None, np.float32, {"kv_layout": "k_transposed", "page_size": 16})]:
+    layout = knobs.pop("kv_layout", "hnd")
+    ps = knobs.pop("page_size", 4)
+    case = make_paged_case(lens, n_q, num_heads=8, num_kv_heads=2, head_dim=16, page_size=ps,
                            kv_dtype=kv_dtype, seed=len(lens))
-    out, lse = numba_cpu.forward(case.q, case.k_pages, case.v_pages, case.block_tables,
-                                 case.seq_lens, case.qsl, 0.25, 0, True, **knobs)
+    k_pages = case.k_pages if layout == "hnd" else np.ascontiguousarray(
+        case.k_pages.transpose(0, 1, 3, 2))
+    out, lse = numba_cpu.forward(case.q, k_pages, case.v_pages, case.block_tables,
+                                 case.seq_lens, case.qsl, 0.25, 0, True, kv_layout=layout,
+                                 **knobs)
     ref_out, ref_lse = case.reference()
     worst = max(worst, rel_error(out, ref_out), rel_error(lse, ref_lse))
 asm = "".join(numba_cpu._run_items.inspect_asm().values())
@@ -296,6 +321,31 @@ def test_both_score_tiles_agree_with_numpy(n_keys, kv_dtype):
         assert np.isnan(s[:4]).all() and np.isnan(s[4:8, end:]).all()
 
 
+@pytest.mark.parametrize("page_size, n_keys", [(16, 16), (32, 19), (16, 1), (8, 5)])
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
+def test_transposed_score_tile_and_vector_values_agree_with_numpy(page_size, n_keys, kv_dtype):
+    """``tile_scores_kt`` (the vector tile for float32 pages of 16k keys, else the loop) and
+    ``accumulate_pv_kt`` give NumPy's scores and weighted sums, and write only where told."""
+    rng = np.random.default_rng(page_size + n_keys)
+    qt = rng.standard_normal((8, 32), np.float32)
+    kp = rng.standard_normal((3, 2, 32, page_size), np.float32).astype(kv_dtype)  # [.., D, P]
+    bits = kp.view(np.uint16) if kv_dtype == np.float16 else kp
+    want = qt[4:8] @ kp[2, 1, :, :n_keys].astype(np.float32)  # rows 4..7, page 2, kv head 1
+    s = np.full((8, 48), np.nan, np.float32)
+    numba_kt.tile_scores_kt(qt, np.ascontiguousarray(qt.T), bits, 2, 1, s, 4, 8, 5, n_keys, 0)
+    np.testing.assert_allclose(s[4:8, 5:5 + n_keys], want, rtol=1e-5, atol=1e-5)
+    assert np.isnan(s[:4]).all() and np.isnan(s[4:8, 5 + page_size:]).all()
+    vp = rng.standard_normal((3, 2, page_size, 32), np.float32).astype(kv_dtype)
+    p = rng.random((8, 48), np.float32)
+    acc = rng.standard_normal((8, 32), np.float32)
+    want = acc[4:8] + p[4:8, 5:5 + n_keys] @ vp[0, 1, :n_keys].astype(np.float32)
+    vbits = vp.view(np.uint16) if kv_dtype == np.float16 else vp
+    before = acc.copy()
+    numba_kt.accumulate_pv_kt(p, vbits, 0, 1, acc, 4, 8, 5, n_keys, 2)
+    np.testing.assert_allclose(acc[4:8], want, rtol=1e-5, atol=1e-5)
+    assert np.array_equal(acc[:4], before[:4])
+
+
 def test_fp8_bit_widening_equals_the_table_for_every_code():
     """The jitted fp8 e4m3 widening (bit operations) equals the 256-entry table, sign and all."""
     from numba import njit
@@ -320,7 +370,9 @@ def test_fp8_bit_widening_equals_the_table_for_every_code():
                                    {"num_threads": 2, "window": 13}])
 @pytest.mark.parametrize("num_heads, num_kv_heads, page_size", [(4, 2, 4), (6, 2, 16),
                                                                 (3, 3, 5)])
-def test_verify_rows_have_the_bits_of_decode_rows(knobs, num_heads, num_kv_heads, page_size):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_verify_rows_have_the_bits_of_decode_rows(knobs, num_heads, num_kv_heads, page_size,
+                                                  layout):
     """A speculative verify step (a few queries per sequence) computes each query exactly
     as the decode step at its position would: same items, parts and order, so the same
     bits whatever the number of drafts (greedy speculative decoding relies on it)."""
@@ -329,15 +381,18 @@ def test_verify_rows_have_the_bits_of_decode_rows(knobs, num_heads, num_kv_heads
     n_q = [9, 4, 1]
     case = make_paged_case([150, 40, 9], n_q, num_heads=num_heads, num_kv_heads=num_kv_heads,
                            head_dim=16, page_size=page_size, seed=page_size)
-    verify, _ = run(case, window=window, **knobs)
+    verify, _ = run(case, window=window, layout=layout, **knobs)
+    k_pages = case.k_pages if layout == "hnd" else np.ascontiguousarray(
+        case.k_pages.transpose(0, 1, 3, 2))
     starts = np.asarray(case.qsl[:-1])
     for i in range(max(n_q)):  # decode step i: every sequence, one query each
         rows = [int(starts[b]) + min(i, n - 1) for b, n in enumerate(n_q)]
         lens = [int(case.seq_lens[b]) - n + 1 + min(i, n - 1) for b, n in enumerate(n_q)]
         q = np.ascontiguousarray(case.q[rows])
-        out, _ = numba_cpu.forward(q, case.k_pages, case.v_pages, case.block_tables,
+        out, _ = numba_cpu.forward(q, k_pages, case.v_pages, case.block_tables,
                                    np.array(lens, np.int64), np.arange(len(n_q) + 1),
-                                   case.q.shape[2] ** -0.5, window, True, **knobs)
+                                   case.q.shape[2] ** -0.5, window, True, kv_layout=layout,
+                                   **knobs)
         assert np.array_equal(out, verify[rows]), f"decode step {i} differs"
 
 

@@ -62,6 +62,7 @@ from ..hardware import (
     stream_bandwidth,
     versions,
 )
+from ..registry import KV_LAYOUTS
 from . import DEFAULT_OUT
 from .bench_case import HKV, PAGE, B, D, H, make_decode_case
 from .bench_report import plot, write_results_md, write_table
@@ -126,46 +127,57 @@ def bench_numba(cfg: dict, log) -> dict:
         for ctx in cfg["contexts"]:
             case = make_decode_case(ctx, dtype)
             q, k, v, bt, sl, qsl = case
+            k_t = np.ascontiguousarray(k.transpose(0, 1, 3, 2))  # the same keys, [D, page]
             gb = 2 * B * HKV * ctx * D * k.itemsize / 1e9  # K and V bytes read
-            fns = {"numba": functools.partial(numba_cpu.forward, *case, scale, 0, False),
-                   "paged_read": paged_reader(k, v, bt)}
+            fns = {"paged_read": paged_reader(k, v, bt)}
+            for layout in KV_LAYOUTS.names():  # each layout's kernel, on the same keys
+                kp = k_t if layout == "k_transposed" else k
+                fns[layout] = functools.partial(numba_cpu.forward, q, kp, v, bt, sl, qsl,
+                                                scale, 0, False, kv_layout=layout)
             if torch is not None and dtype is np.float32:
                 fns["torch"] = _torch_decode(q, k, v, bt, sl)
             for fn in fns.values():  # warm up (compile, first touch)
                 fn()
             best = _best_alternating(fns, rounds, rep)
-            t = best["numba"]
-            flops = 4 * B * H * ctx * D  # q.k and p.v: a multiply-add per K/V value per head
-            row = {"dtype": np.dtype(dtype).name, "context": ctx, "ms": t * 1e3,
-                   "gbs": gb / t, "paged_read_gbs": gb / best["paged_read"],
-                   "gflops": flops / t / 1e9, "intensity": flops / (gb * 1e9)}
-            if "torch" in best:
-                row["torch_ms"], row["speedup_vs_torch"] = best["torch"] * 1e3, best["torch"] / t
-            if np_forward is not None and ctx <= cfg["numpy_max_ctx"]:
-                tn = best_time(functools.partial(np_forward, *case, scale, 0, False), 1)
-                row["numpy_ms"], row["speedup_vs_numpy"] = tn * 1e3, tn / t
-            res["decode"].append(row)
             # The VM's bandwidth drifts (35-59 GB/s within one run was seen): keep the
             # read measured right beside this case too, for a like-for-like ratio.
             bws.append(stream_bandwidth(max(2, cfg["repeat"] // 2)))
-            row["stream_gbs"] = bws[-1]
-            log(f"decode {row['dtype']} ctx {ctx}: {row['ms']:.2f} ms, {row['gbs']:.1f} GB/s "
-                f"(paged read {row['paged_read_gbs']:.1f}, stream {bws[-1]:.1f}), "
-                f"x{row.get('speedup_vs_torch', float('nan')):.2f} vs torch, "
-                f"x{row.get('speedup_vs_numpy', float('nan')):.1f} vs numpy")
+            tn = None
+            if np_forward is not None and ctx <= cfg["numpy_max_ctx"]:
+                tn = best_time(functools.partial(np_forward, *case, scale, 0, False), 1)
+            for layout in KV_LAYOUTS.names():
+                t = best[layout]
+                flops = 4 * B * H * ctx * D  # q.k and p.v: a multiply-add per K/V value per head
+                row = {"dtype": np.dtype(dtype).name, "layout": layout, "context": ctx,
+                       "ms": t * 1e3, "gbs": gb / t, "paged_read_gbs": gb / best["paged_read"],
+                       "gflops": flops / t / 1e9, "intensity": flops / (gb * 1e9),
+                       "stream_gbs": bws[-1]}
+                if "torch" in best:
+                    row["torch_ms"] = best["torch"] * 1e3
+                    row["speedup_vs_torch"] = best["torch"] / t
+                if tn is not None:
+                    row["numpy_ms"], row["speedup_vs_numpy"] = tn * 1e3, tn / t
+                res["decode"].append(row)
+                log(f"decode {row['dtype']} {layout} ctx {ctx}: {row['ms']:.2f} ms, "
+                    f"{row['gbs']:.1f} GB/s (paged read {row['paged_read_gbs']:.1f}, stream "
+                    f"{bws[-1]:.1f}), x{row.get('speedup_vs_torch', float('nan')):.2f} vs torch, "
+                    f"x{row.get('speedup_vs_numpy', float('nan')):.1f} vs numpy")
     gb = 2 * B * HKV * 2048 * D * 4 / 1e9
     for ps in cfg["page_sizes"]:
-        case = make_decode_case(2048, np.float32, page_size=ps)
-        fns = {"numba": functools.partial(numba_cpu.forward, *case, scale, 0, False),
-               "paged_read": paged_reader(*case[1:4])}
+        fns = {"paged_read": paged_reader(*make_decode_case(2048, np.float32, page_size=ps)[1:4])}
+        for layout in KV_LAYOUTS.names():
+            case = make_decode_case(2048, np.float32, page_size=ps, kv_layout=layout)
+            fns[layout] = functools.partial(numba_cpu.forward, *case, scale, 0, False,
+                                            kv_layout=layout)
         for fn in fns.values():
             fn()
         best = _best_alternating(fns, rounds, rep)
-        res["page_sweep"].append({"page_size": ps, "ms": best["numba"] * 1e3,
-                                  "gbs": gb / best["numba"],
-                                  "paged_read_gbs": gb / best["paged_read"]})
-        log(f"page size {ps}: {best['numba'] * 1e3:.2f} ms, {gb / best['numba']:.1f} GB/s "
-            f"(paged read {gb / best['paged_read']:.1f})")
+        row = {"page_size": ps, "paged_read_gbs": gb / best["paged_read"]}
+        row.update({f"gbs_{layout}": gb / best[layout] for layout in KV_LAYOUTS.names()})
+        res["page_sweep"].append(row)
+        log(f"page size {ps}: " + ", ".join(f"{layout} {gb / best[layout]:.1f} GB/s"
+                                           for layout in KV_LAYOUTS.names())
+            + f" (paged read {gb / best['paged_read']:.1f})")
     bw = res["bandwidth_gbs"] = max(bws)
     res["bandwidth_samples_gbs"] = bws
     for row in res["decode"]:

@@ -16,12 +16,14 @@ import numpy as np
 B, H, HKV, D, PAGE = 8, 32, 8, 128, 16
 
 
-def make_decode_case(ctx: int, dtype, page_size: int = PAGE, seed: int = 0):
+def make_decode_case(ctx: int, dtype, page_size: int = PAGE, seed: int = 0,
+                     kv_layout: str = "hnd"):
     """Arrays of one decode step: B sequences of ``ctx`` tokens, shuffled pages.
 
     Returns ``q [B, H, D]``, ``k, v [B * n_pages, HKV, page_size, D]`` in
     ``dtype``, ``tables [B, n_pages]`` (int32), ``seq_lens [B]`` and
     ``query_start_loc [B + 1]``: the arguments of a backend's ``forward``.
+    ``kv_layout="k_transposed"``: the same keys, each K page stored ``[D, page_size]``.
     """
     rng = np.random.default_rng(seed)
     n_pages = -(-ctx // page_size)
@@ -31,4 +33,6 @@ def make_decode_case(ctx: int, dtype, page_size: int = PAGE, seed: int = 0):
     q = rng.standard_normal((B, H, D), np.float32)
     seq_lens = np.full(B, ctx, np.int32)
     qsl = np.arange(B + 1, dtype=np.int32)
+    if kv_layout != "hnd":
+        k = np.ascontiguousarray(k.transpose(0, 1, 3, 2))
     return q, k, v, tables, seq_lens, qsl

@@ -36,14 +36,15 @@ def write_table(res: dict) -> str:
              "bandwidth and FMA peak / intensity (*limit* names it). *Paged read*: summing the "
              "same K/V tiles in the same order, no attention arithmetic (the limit of the "
              "access pattern).", "",
-             "| pages | context | ms | K/V GB/s | GFLOP/s | FLOP/B | limit | % of limit "
-             "| paged read GB/s | % of paged read | vs torch SDPA | vs NumPy kernel |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| pages | K layout | context | ms | K/V GB/s | GFLOP/s | FLOP/B | limit "
+             "| % of limit | paged read GB/s | % of paged read | vs torch SDPA | vs NumPy kernel |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["decode"]:
         vt = f"{r['speedup_vs_torch']:.2f}x" if "speedup_vs_torch" in r else "-"
         vn = f"{r['speedup_vs_numpy']:.0f}x" if "speedup_vs_numpy" in r else "-"
         lim = r.get("limit", "bandwidth")
-        lines.append(f"| {r['dtype']} | {r['context']} | {r['ms']:.2f} | {r['gbs']:.1f} | "
+        lines.append(f"| {r['dtype']} | {r.get('layout', 'hnd')} | {r['context']} | "
+                     f"{r['ms']:.2f} | {r['gbs']:.1f} | "
                      f"{r.get('gflops', float('nan')):.1f} | {r.get('intensity', float('nan')):.0f}"
                      f" | {lim} | {r.get('pct_limit', r['pct_bw']):.0f}% | "
                      f"{r['paged_read_gbs']:.1f} | {r['pct_paged_read']:.0f}% | {vt} | {vn} |")
@@ -53,13 +54,24 @@ def write_table(res: dict) -> str:
            if "pct_limit" in p else "")
     lines += ["", f"Causal prefill, {p['tokens']} tokens: {p['ms']:.0f} ms, "
               f"{p['gflops']:.1f} GFLOP/s{lim}{vt}.", "",
-              "| page size | ms | GB/s | paged read GB/s |", "|---|---|---|---|"]
-    lines += [f"| {r['page_size']} | {r['ms']:.2f} | {r['gbs']:.1f} | {r['paged_read_gbs']:.1f} |"
-              for r in res["page_sweep"]]
+              "Decode at context 2048, float32, by page size (K/V GB/s):", "",
+              "| page size | " + " | ".join(_layouts(res)) + " | paged read |",
+              "|---|" + "---|" * len(_layouts(res)) + "---|"]
+    lines += [f"| {r['page_size']} | " + " | ".join(f"{r[f'gbs_{x}']:.1f}" for x in _layouts(res))
+              + f" | {r['paged_read_gbs']:.1f} |" for r in res["page_sweep"]]
     c = res["compile"]
     lines += ["", f"JIT: cold compile of all kernels {c['cold_s']:.1f} s; import + first call "
               f"with a warm cache {c['warm_s']:.2f} s."]
     return "\n".join(lines) + "\n"
+
+
+def _layouts(res: dict) -> list:
+    """The K layouts the page sweep measured (``gbs_<layout>`` columns; a run from before
+    there were layouts has one ``gbs``, of the HND kernel)."""
+    for r in res["page_sweep"]:
+        if "gbs" in r:
+            r["gbs_hnd"] = r.pop("gbs")
+    return [k[4:] for k in (res["page_sweep"] or [{}])[0] if k.startswith("gbs_")]
 
 
 def write_results_md(out_dir: str) -> str:
@@ -96,7 +108,8 @@ def plot(res: dict, path: str) -> None:
     points = []
     for r in res["decode"]:
         nbytes = r["gbs"] * 1e9 * r["ms"] / 1e3  # K/V bytes per call
-        points.append({"label": f"decode {r['dtype']} ctx {r['context']}", "bytes": nbytes,
+        points.append({"label": f"decode {r['dtype']} {r.get('layout', 'hnd')} ctx {r['context']}",
+                       "bytes": nbytes,
                        "flops": nbytes * r["intensity"], "seconds": r["ms"] / 1e3})
     p = res["prefill"]
     points.append({"label": f"causal prefill {p['tokens']}", "seconds": p["ms"] / 1e3,
@@ -107,8 +120,12 @@ def plot(res: dict, path: str) -> None:
                         f"{res['fma_peak_gflops']:.0f} GFLOP/s")
     ps = res["page_sweep"]
     x = np.arange(len(ps))
-    ax2.bar(x - 0.2, [r["gbs"] for r in ps], 0.4, label="decode")
-    ax2.bar(x + 0.2, [r["paged_read_gbs"] for r in ps], 0.4, label="paged read")
+    layouts = _layouts(res)
+    width = 0.8 / (len(layouts) + 1)
+    for i, name in enumerate(layouts + ["paged read"]):
+        key = "paged_read_gbs" if name == "paged read" else f"gbs_{name}"
+        ax2.bar(x - 0.4 + width * (i + 0.5), [r[key] for r in ps], width,
+                label=name if name == "paged read" else f"decode, K {name}")
     ax2.axhline(res["bandwidth_gbs"], color="k", lw=1, label="streaming read bandwidth")
     ax2.set_xticks(x, [str(r["page_size"]) for r in ps])
     ax2.set(xlabel="page size", ylabel="GB/s", title="decode at 2048, float32")
