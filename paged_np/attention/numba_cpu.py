@@ -348,7 +348,7 @@ def _merge_splits(part_out, part_lse, out, lse):
 
 def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
             sliding_window, return_lse, *, plans=None, k_scales=None, v_scales=None,
-            attention_sinks=0, q_sinks=None, **knobs):
+            attention_sinks=0, q_sinks=None, kv_layout="hnd", **knobs):
     """Backend entry (validated arguments, see the contract in docs/design.md).
 
     Sequences with at least ``blas_min_queries`` queries go to
@@ -366,6 +366,8 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     ``attention_sinks``, ``q_sinks``: the first keys every query sees, and the
     queries that score them (None: ``q``), as in ``paged_attention``.
     """
+    if kv_layout == "k_transposed":  # TEMPORARY until the transposed-K kernel lands
+        k_pages, kv_layout = np.ascontiguousarray(k_pages.transpose(0, 1, 3, 2)), "hnd"
     T, H, D = q.shape
     out = np.zeros((T, H, D), np.float32)
     lse = np.zeros((T, H), np.float32)
