@@ -220,6 +220,18 @@ def test_the_blas_prefill_gathers_k_transposed_pages_as_they_are(fmt, window, si
         assert rel_error(out_k, ref) <= TOL and rel_error(lse_k, ref_lse) <= TOL
 
 
+def test_split_k_reads_k_transposed_pages():
+    from paged_np.attention import split_k
+
+    case = make_paged_case([9, 40], [2, 40], page_size=8, head_dim=16, seed=2)
+    pages = _case_arenas(case, "float32")
+    res = {layout: split_k.forward(case.q, pages[layout][0], pages[layout][1],
+                                   case.block_tables, case.seq_lens, case.qsl, 0.25, 0, True,
+                                   num_splits=3, kv_layout=layout) for layout in LAYOUTS}
+    assert rel_error(res["k_transposed"][0], res["hnd"][0]) <= TOL
+    assert rel_error(res["hnd"][0], case.reference(scale=0.25)[0]) <= TOL
+
+
 # --------------------------------------------------------------------- bad values
 def test_a_bad_kv_layout_is_refused_by_name_and_changes_nothing():
     with pytest.raises(pnp.InvalidArgument, match="CacheConfig.kv_layout must be one of"):
