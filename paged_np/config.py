@@ -132,6 +132,8 @@ class CacheConfig:
     #: How cached prefixes are found: a name of :data:`~paged_np.registry.PREFIX_INDEXES`,
     #: "hash" (vLLM's page-hash chain) or "radix" (SGLang's radix tree).
     prefix_cache: str = "hash"
+    #: How a page lays out K: a name of :data:`~paged_np.registry.KV_LAYOUTS`.
+    kv_layout: str = "hnd"
     #: The format's name (set from ``dtype``): a key of :data:`~paged_np.registry.KV_FORMATS`.
     kv_format: str = field(init=False, default="float32")
 
@@ -139,13 +141,14 @@ class CacheConfig:
         for name in ("num_pages", "page_size", "num_layers", "num_kv_heads", "head_dim"):
             object.__setattr__(self, name, check_positive_int(f"CacheConfig.{name}",
                                                               getattr(self, name)))
-        from .registry import PREFIX_INDEXES
+        from .registry import KV_LAYOUTS, PREFIX_INDEXES
 
         name = kv_format(self.dtype)
         object.__setattr__(self, "kv_format", name)
         object.__setattr__(self, "dtype", storage_dtype(name))
         check_eviction_policy("CacheConfig.eviction_policy", self.eviction_policy)
         check_choice("CacheConfig.prefix_cache", self.prefix_cache, PREFIX_INDEXES)
+        check_choice("CacheConfig.kv_layout", self.kv_layout, KV_LAYOUTS)
 
     @property
     def arena_shape(self) -> tuple:

@@ -36,11 +36,10 @@ from .errors import InvalidArgument, ModelLoadError
 
 __all__ = [
     "ARCHITECTURES", "ATTENTION_BACKENDS", "ATTENTION_THREADS", "AUTO", "DEVICES", "ENGINE_STEPS",
-    "EVICTION_POLICIES", "Entry", "KV_CACHES", "KV_FORMATS", "KV_TIERS", "PREEMPTION_MODES",
-    "PREFIX_INDEXES", "REGISTRIES", "Registry", "SAMPLERS", "SCHEDULERS", "SCHEDULES",
-    "SPEC_METHODS", "TIER_WRITE_POLICIES", "WEIGHT_QUANTIZATIONS", "architecture_for",
-    "backend_names",
-    "check_backend", "model_class", "supported_names",
+    "EVICTION_POLICIES", "Entry", "KV_CACHES", "KV_FORMATS", "KV_LAYOUTS", "KV_TIERS",
+    "PREEMPTION_MODES", "PREFIX_INDEXES", "REGISTRIES", "Registry", "SAMPLERS", "SCHEDULERS",
+    "SCHEDULES", "SPEC_METHODS", "TIER_WRITE_POLICIES", "WEIGHT_QUANTIZATIONS",
+    "architecture_for", "backend_names", "check_backend", "model_class", "supported_names",
 ]
 
 
@@ -170,6 +169,12 @@ KV_FORMATS.register("int8", None, "1 byte + a scale per token-head",
 KV_FORMATS.register("fp8_e4m3", None, "1 byte (e4m3 bits) + a scale per token-head",
                     storage="uint8", qmax=448.0)
 
+#: How a page lays out K (``kv_layout``; V is as in hnd): the host arena class that stores it.
+KV_LAYOUTS = Registry("kv_layout", "KV page layouts")
+KV_LAYOUTS.register("hnd", "paged_np.cache.arena:Arena", "K, V pages [page_size, head_dim] (HND)")
+KV_LAYOUTS.register("k_transposed", "paged_np.cache.kv_layouts:KTransposedArena",
+                    "K pages [head_dim, page_size]: vLLM's key cache, a page's scores as FMAs")
+
 #: Where the arena lives (``PagedKVCache(cfg, device=)``): classes with the
 #: :class:`~paged_np.cache.arena.Arena` methods (write, copy_page, read_pages, write_slots).
 DEVICES = Registry("device", "arena devices")
@@ -258,7 +263,7 @@ ARCHITECTURES.register("llama", "paged_np.models.llama:LlamaModel",
 #: Every registry, by the option that chooses from it (for ``info`` and the docs).
 REGISTRIES = {r.option: r for r in (
     ATTENTION_BACKENDS, ATTENTION_THREADS, PREFIX_INDEXES, EVICTION_POLICIES, KV_FORMATS,
-    DEVICES, KV_CACHES, KV_TIERS, TIER_WRITE_POLICIES, SCHEDULERS, SCHEDULES,
+    KV_LAYOUTS, DEVICES, KV_CACHES, KV_TIERS, TIER_WRITE_POLICIES, SCHEDULERS, SCHEDULES,
     PREEMPTION_MODES, SAMPLERS, ENGINE_STEPS, SPEC_METHODS, WEIGHT_QUANTIZATIONS,
     ARCHITECTURES)}
 

@@ -44,9 +44,10 @@ SCRIPT = textwrap.dedent("""
             "paged_attention_kernel": (A(f32, 3), A(page, 4), A(page, 4), A(i32, 2), A(i32, 1),
                                        A(i32, 1), A(i32, 1), A(i32, 1), f32, i64, i64,
                                        A(f32, 4), A(f32, 3), A(f32, 3), A(f32, 3), A(f32, 1),
-                                       i64, A(f32, 3), i64),      # ..., codes, qs, sinks
+                                       i64, A(f32, 3), i64, i64),  # codes, qs, sinks, k_transposed
             "merge_splits_kernel": (A(f32, 4), A(f32, 3), A(f32, 3), A(f32, 2)),
-            "reshape_and_cache_kernel": (A(page, 4), A(page, 4), A(i64, 1), A(kv, 3), A(kv, 3)),
+            "reshape_and_cache_kernel": (A(page, 4), A(page, 4), A(i64, 1), A(kv, 3), A(kv, 3),
+                                         i64),                      # ..., k_transposed
             "copy_pages_kernel": (A(page, 6), A(i32, 1), A(i32, 1)),
             "fill_zero_kernel": (A(page, 1),),
         }

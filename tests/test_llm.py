@@ -292,7 +292,7 @@ def test_check_against_dense_finds_a_wrong_token(model, tok):
 #: config without a line here fails test_llm_accepts_every_engine_option.
 OPTION_VALUES = {
     "num_pages": 48, "kv_cache_memory": "1MiB", "page_size": 8, "kv_cache_dtype": "int8",
-    "max_num_seqs": 5,
+    "kv_layout": "k_transposed", "max_num_seqs": 5,
     "max_num_batched_tokens": 96, "preemption_mode": "swap", "swap_pages": 7,
     "schedule": "lpm", "prefix_cache": "radix", "eviction_policy": "fifo",
     "backend": "numba", "record_events": True, "sliding_window": 64, "attention_sinks": 4,

@@ -98,15 +98,14 @@ class AttentionMetadata:
     page_size: int
     threads: str = "python"      # whose threads run the numba backend's items
     attention_sinks: int = 0     # first tokens every query sees (with a window)
+    kv_layout: str = "hnd"       # how the pages lay out K (a name of KV_LAYOUTS)
     plans: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         num_pages = check_int("num_pages", self.num_pages, low=0)
         page_size = check_positive_int("page_size", self.page_size)
         window = check_int("sliding_window", self.sliding_window, low=0)
-        if self.threads not in ATTENTION_THREADS:
-            raise InvalidArgument(f"threads must be one of {ATTENTION_THREADS.names()}, got "
-                                  f"{self.threads!r}")
+        ATTENTION_THREADS.check(self.threads, "threads")
         qsl = self.query_start_loc
         if qsl is None:  # one query per sequence
             T = int(np.shape(self.block_tables)[0]) if np.ndim(self.block_tables) else 0
@@ -115,7 +114,7 @@ class AttentionMetadata:
             T = int(qsl[-1]) if qsl.size else 0
         sinks = as_attention_sinks(self.attention_sinks, window)
         arrays = check_metadata(self.block_tables, self.seq_lens, qsl, window or None, T,
-                                 num_pages, page_size, sinks)[:3]
+                                 num_pages, page_size, sinks, self.kv_layout)[:3]
         for name, arr in zip(("block_tables", "seq_lens", "query_start_loc"), arrays):
             arr = arr.copy()  # our own, read-only: checked once, trusted by every layer
             arr.flags.writeable = False
@@ -132,7 +131,8 @@ class AttentionMetadata:
 
     @classmethod
     def build(cls, block_tables, seq_lens, query_start_loc=None, sliding_window=None, *,
-              num_pages, page_size, threads="python", attention_sinks=0) -> "AttentionMetadata":
+              num_pages, page_size, threads="python", attention_sinks=0,
+              kv_layout="hnd") -> "AttentionMetadata":
         """Check the step's metadata against an arena of ``num_pages`` pages of ``page_size``.
 
         The arguments and errors are :func:`paged_attention`'s
@@ -140,13 +140,13 @@ class AttentionMetadata:
         None or >= 1; ``attention_sinks`` >= 0); ``threads`` as in the class docstring.
         """
         return cls(block_tables, seq_lens, query_start_loc, as_sliding_window(sliding_window),
-                   num_pages, page_size, threads, attention_sinks)
+                   num_pages, page_size, threads, attention_sinks, kv_layout=kv_layout)
 
 
 def paged_attention(q, k_pages, v_pages, block_tables=None, seq_lens=None,
                     query_start_loc=None, scale=None, sliding_window=None, backend="auto",
                     return_lse=False, *, metadata=None, k_scales=None, v_scales=None,
-                    attention_sinks=None, q_sinks=None):
+                    attention_sinks=None, q_sinks=None, kv_layout=None):
     """Attention of a batch of queries over a paged KV cache.
 
     Query ``i`` of sequence ``b`` (with ``n_q`` queries) sits at position
@@ -199,6 +199,9 @@ def paged_attention(q, k_pages, v_pages, block_tables=None, seq_lens=None,
         ``q``. A RoPE model passes ``q`` rotated to its cache-relative position
         (:meth:`paged_np.LlamaModel.forward`), so the distance to a sink never
         grows past ``attention_sinks + sliding_window``.
+    kv_layout : {"hnd", "k_transposed"}, optional
+        None: "hnd"; "k_transposed": k_pages are ``[.., head_dim, page_size]`` (in the metadata
+        when ``metadata`` is given).
 
     Returns
     -------
@@ -224,25 +227,28 @@ def paged_attention(q, k_pages, v_pages, block_tables=None, seq_lens=None,
     name = _resolve_backend(backend, q)
     extra = {}
     if metadata is None:
+        layout = "hnd" if kv_layout is None else kv_layout      # checked with the pages
         args = validate_paged_attention_inputs(q, k_pages, v_pages, block_tables, seq_lens,
                                                query_start_loc, scale, sliding_window,
                                                allow_device=(name == "cuda"),
-                                               attention_sinks=attention_sinks)
+                                               attention_sinks=attention_sinks, kv_layout=layout)
         sinks = as_attention_sinks(attention_sinks, args.sliding_window)
     else:
         args = _with_metadata(q, k_pages, v_pages, metadata, scale, name == "cuda",
                               block_tables=block_tables, seq_lens=seq_lens,
                               query_start_loc=query_start_loc, sliding_window=sliding_window,
-                              attention_sinks=attention_sinks)
-        sinks = metadata.attention_sinks
+                              attention_sinks=attention_sinks, kv_layout=kv_layout)
+        sinks, layout = metadata.attention_sinks, metadata.kv_layout
         if name == "numba":  # the one backend with a plan worth keeping across layers
             extra.update(plans=metadata.plans, threads=metadata.threads)
-    k_scales, v_scales = check_scales(args.k_pages, k_scales, v_scales, name == "cuda")
+    k_scales, v_scales = check_scales(args.v_pages, k_scales, v_scales, name == "cuda")
     if k_scales is not None:
         extra.update(k_scales=k_scales, v_scales=v_scales)
     q_sinks = check_q_sinks(q_sinks, args.q, name == "cuda")
     if sinks:  # only then: a backend that knows no sinks still serves every other call
         extra.update(attention_sinks=sinks, q_sinks=q_sinks)
+    if layout != "hnd":  # the same: a backend that knows only hnd serves every other call
+        extra.update(kv_layout=layout)
     out, lse = load_backend(name).forward(*args, bool(return_lse), **extra)
     return (out, lse) if return_lse else out
 
@@ -256,8 +262,9 @@ def _with_metadata(q, k_pages, v_pages, metadata, scale, allow_device, **unused)
         if value is not None:
             raise InvalidArgument(f"{name} must be None when metadata is given (the metadata "
                                   f"holds it)")
-    q, k_pages, v_pages, T, head_dim = check_arrays(q, k_pages, v_pages, allow_device)
-    num_pages, page_size = int(k_pages.shape[0]), int(k_pages.shape[2])
+    q, k_pages, v_pages, T, head_dim = check_arrays(q, k_pages, v_pages, allow_device,
+                                                    metadata.kv_layout)
+    num_pages, page_size = int(v_pages.shape[0]), int(v_pages.shape[2])
     if (num_pages, page_size) != (metadata.num_pages, metadata.page_size):
         raise ShapeError(f"k_pages has {num_pages} pages of {page_size} tokens but metadata "
                          f"was built for {metadata.num_pages} pages of {metadata.page_size}")

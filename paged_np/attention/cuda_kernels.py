@@ -133,16 +133,18 @@ def _row_sum(x):
 @cuda.jit
 def paged_attention_kernel(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
                            work_seq, work_row0, scale, window, group, out_part, lse_part,
-                           k_scales, v_scales, lut, codes, qs, sinks):
+                           k_scales, v_scales, lut, codes, qs, sinks, k_transposed):
     """Grid ``(num_work, num_kv_heads, num_splits)``, ``THREADS`` threads per block.
 
     q          float32 [T, num_heads, head_dim]
     k/v_pages  float32|float16|int8|uint8 [num_pages, num_kv_heads, page_size, head_dim]
+               (k_pages [num_pages, num_kv_heads, head_dim, page_size] if k_transposed)
     k/v_scales float32 [num_pages, num_kv_heads, page_size] (read when codes > 0)
     lut        float32 [256]: fp8 e4m3 code -> value (read when codes == 2)
     codes      0: float pages, 1: int8 codes, 2: fp8 e4m3 codes
     qs         float32 like q: the queries that score the sinks out of their window
     sinks      int: the first keys every query sees (0: none)
+    k_transposed  int: 1 when K pages are kv_layout "k_transposed"
     work_seq   int32 [num_work]: the sequence of each row tile
     work_row0  int32 [num_work]: its first row (row = query * group + head)
     out_part   float32 [num_splits, T, num_heads, head_dim] (normalised per split)
@@ -156,7 +158,7 @@ def paged_attention_kernel(q, k_pages, v_pages, block_tables, seq_lens, query_st
     r = tid // TILE_N                    # score phase: this thread is (row r, key n)
     n = tid - r * TILE_N
     head_dim = q.shape[2]
-    page_size = k_pages.shape[2]
+    page_size = v_pages.shape[2]
 
     b = work_seq[w]
     row0 = work_row0[w]
@@ -230,8 +232,11 @@ def paged_attention_kernel(q, k_pages, v_pages, block_tables, seq_lens, query_st
             page = page_s[nn]
             if page >= 0:
                 off = off_s[nn]
-                k_s[nn, d] = _widen(k_pages[page, kh, off, d], k_scales, page, kh, off, lut,
-                                    codes)
+                if k_transposed:         # [D, page_size] tiles: a strided read
+                    kx = k_pages[page, kh, d, off]
+                else:
+                    kx = k_pages[page, kh, off, d]
+                k_s[nn, d] = _widen(kx, k_scales, page, kh, off, lut, codes)
                 v_s[nn, d] = _widen(v_pages[page, kh, off, d], v_scales, page, kh, off, lut,
                                     codes)
             else:
@@ -328,14 +333,15 @@ def merge_splits_kernel(out_part, lse_part, out, lse):
 
 
 @cuda.jit
-def reshape_and_cache_kernel(k_pages, v_pages, slots, k, v):
+def reshape_and_cache_kernel(k_pages, v_pages, slots, k, v, k_transposed):
     """Scatter ``k, v [n, num_kv_heads, head_dim]`` into their slots (vLLM's name).
 
     Grid-stride loop over the n * num_kv_heads * head_dim elements; slot -1 is
     skipped (padding). Storing float32 into float16 pages rounds to nearest.
+    ``k_transposed`` (1): K pages are ``[.., head_dim, page_size]``, K goes to column ``off``.
     """
     n_tok, n_heads, head_dim = k.shape
-    page_size = k_pages.shape[2]
+    page_size = v_pages.shape[2]
     per_token = n_heads * head_dim
     idx = cuda.grid(1)
     while idx < n_tok * per_token:
@@ -347,7 +353,10 @@ def reshape_and_cache_kernel(k_pages, v_pages, slots, k, v):
         if slot >= 0:
             page = slot // page_size
             off = slot - page * page_size
-            k_pages[page, h, off, d] = k[i, h, d]
+            if k_transposed:
+                k_pages[page, h, d, off] = k[i, h, d]
+            else:
+                k_pages[page, h, off, d] = k[i, h, d]
             v_pages[page, h, off, d] = v[i, h, d]
         idx += cuda.gridsize(1)
 

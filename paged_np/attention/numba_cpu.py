@@ -389,6 +389,8 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     num_kv_heads, head_dim, page_size]``; V pages are ``[..., page_size,
     head_dim]`` in both).
     """
+    if kv_layout == "k_transposed":  # TEMPORARY until the transposed-K kernel lands
+        k_pages, kv_layout = np.ascontiguousarray(k_pages.transpose(0, 1, 3, 2)), "hnd"
     T, H, D = q.shape
     out = np.zeros((T, H, D), np.float32)
     lse = np.zeros((T, H), np.float32)

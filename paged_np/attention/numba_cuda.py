@@ -202,11 +202,12 @@ def _scale_args(k_pages, k_scales, v_scales):
 
 def launch(p: Plan, q, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
            scale: float, sliding_window: int, out, lse, k_scales=None, v_scales=None,
-           attention_sinks=0, q_sinks=None):
+           attention_sinks=0, q_sinks=None, kv_layout="hnd"):
     """Run the kernels of a plan on device arrays; fills ``out`` [T, H, D] and ``lse`` [T, H].
 
     8-bit pages (int8, or uint8 fp8 e4m3 codes) need their ``k_scales, v_scales``;
-    ``q_sinks`` (device, like q; None: q) scores the ``attention_sinks`` first keys.
+    ``q_sinks`` (device, like q; None: q) scores the ``attention_sinks`` first keys;
+    ``kv_layout="k_transposed"``: k_pages are ``[num_pages, Hkv, D, page_size]``.
     """
     T, H, D = q.shape
     if p.num_work == 0:
@@ -214,7 +215,7 @@ def launch(p: Plan, q, k_pages, v_pages, block_tables, seq_lens, query_start_loc
     args = (q, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
             p.work_seq, p.work_row0, np.float32(scale), int(sliding_window), p.group)
     quant = (*_scale_args(k_pages, k_scales, v_scales), q if q_sinks is None else q_sinks,
-             int(attention_sinks) if sliding_window else 0)
+             int(attention_sinks) if sliding_window else 0, int(kv_layout != "hnd"))
     grid = (p.num_work, k_pages.shape[1], p.num_splits)
     if p.num_splits == 1:        # one split: write the final arrays directly
         K.paged_attention_kernel[grid, K.THREADS](
@@ -231,13 +232,14 @@ def launch(p: Plan, q, k_pages, v_pages, block_tables, seq_lens, query_start_loc
 # ---------------------------------------------------------------------------
 def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
             sliding_window, return_lse, *, num_splits=None, k_scales=None, v_scales=None,
-            attention_sinks=0, q_sinks=None):
+            attention_sinks=0, q_sinks=None, kv_layout="hnd"):
     """Paged attention on the GPU (the internal backend contract, see docs/design.md).
 
     q [T, H, D] float32; k_pages, v_pages [num_pages, Hkv, page_size, D]
     float32|float16, or 8-bit codes (int8, uint8 fp8 e4m3) with ``k_scales,
     v_scales`` float32 [num_pages, Hkv, page_size]; block_tables int32 [B,
-    max_pages]; seq_lens int32 [B]; query_start_loc int32 [B+1]. Returns
+    max_pages]; seq_lens int32 [B]; query_start_loc int32 [B+1]; ``kv_layout``
+    "k_transposed": k_pages [num_pages, Hkv, D, page_size]. Returns
     ``(out [T, H, D], lse [T, H] or None)``.
 
     The arguments are the ones :func:`paged_np.attention.paged_attention` has
@@ -270,14 +272,16 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     launch(p, _to_device(q), _to_device(k_pages), _to_device(v_pages), cuda.to_device(bt),
            cuda.to_device(sl), cuda.to_device(qsl), float(scale), int(sliding_window or 0),
            out, lse, k_scales, v_scales, attention_sinks,
-           None if q_sinks is None else _to_device(q_sinks))
+           None if q_sinks is None else _to_device(q_sinks), kv_layout)
     if not on_device:
         out, lse = out.copy_to_host(), lse.copy_to_host()
     return out, (lse if return_lse else None)
 
 
-def reshape_and_cache(k_pages, v_pages, slots, k, v):
+def reshape_and_cache(k_pages, v_pages, slots, k, v, kv_layout="hnd"):
     """Write ``k, v [n, Hkv, D]`` into device pages at ``slots`` (int64 [n]; -1 skips).
+
+    ``kv_layout="k_transposed"``: k_pages are ``[num_pages, Hkv, D, page_size]``.
 
     ``k_pages``/``v_pages`` must be device arrays (a host array would be written
     on a copy); ``slots``, ``k``, ``v`` may be host arrays (copied over). The slots
@@ -286,7 +290,7 @@ def reshape_and_cache(k_pages, v_pages, slots, k, v):
     if not (is_device_array(k_pages) and is_device_array(v_pages)):
         raise DTypeError("k_pages, v_pages: reshape_and_cache writes device arrays; got host "
                          "arrays (use numpy assignment for those)")
-    n_pages, Hkv, page_size, D = k_pages.shape
+    n_pages, Hkv, page_size, D = v_pages.shape
     slots_h = _to_host(slots).astype(np.int64).reshape(-1)             # [n]
     n = slots_h.shape[0]
     for name, x in (("k", k), ("v", v)):
@@ -298,7 +302,8 @@ def reshape_and_cache(k_pages, v_pages, slots, k, v):
         return
     blocks = min(1024, -(-n * Hkv * D // K.THREADS))
     K.reshape_and_cache_kernel[blocks, K.THREADS](
-        k_pages, v_pages, cuda.to_device(slots_h), _to_device(k), _to_device(v))
+        k_pages, v_pages, cuda.to_device(slots_h), _to_device(k), _to_device(v),
+        int(kv_layout != "hnd"))
 
 
 class DeviceArena(Arena):
@@ -308,7 +313,8 @@ class DeviceArena(Arena):
     :class:`~paged_np.cache.arena.Arena`: same layout, same methods, same checks (the
     layer and slot checks are inherited), but ``data`` is a device array, writes
     and copy-on-write copies run as kernels, and ``layer(i)`` gives the
-    ``k_pages, v_pages`` device views that :func:`forward` reads without a copy.
+    ``k_pages, v_pages`` device views that :func:`forward` reads without a copy
+    (K ``[num_pages, Hkv, D, page_size]`` with ``cfg.kv_layout="k_transposed"``).
     """
 
     def __init__(self, cfg: CacheConfig):
@@ -332,20 +338,24 @@ class DeviceArena(Arena):
     def layer(self, layer: int):
         """``(k_pages, v_pages)`` of one layer: device views, no copy."""
         i = self.check_layer(layer)
-        return self.data[i, 0], self.data[i, 1]
+        k = self.data[i, 0]                                 # contiguous: a reshape is a view
+        if self.cfg.kv_layout != "hnd":
+            P, H, ps, D = k.shape
+            k = k.reshape((P, H, D, ps))
+        return k, self.data[i, 1]
 
     def write(self, layer: int, slots, k, v) -> None:
         """``k, v [n, num_kv_heads, head_dim]`` (host or device) -> their slots, on the device."""
         k_pages, v_pages = self.layer(layer)
         slots = self.check_slots(slots)
         if self.scales is None:
-            reshape_and_cache(k_pages, v_pages, slots, k, v)
+            reshape_and_cache(k_pages, v_pages, slots, k, v, self.cfg.kv_layout)
             return
         from ..cache.kv_quant import quantize  # 8-bit: quantized on the host
 
         (kq, ks), (vq, vs) = quantize(_to_host(k), self.kv_format), quantize(_to_host(v),
                                                                             self.kv_format)
-        reshape_and_cache(k_pages, v_pages, slots, kq, vq)
+        reshape_and_cache(k_pages, v_pages, slots, kq, vq, self.cfg.kv_layout)
         k_sc, v_sc = self.layer_scales(layer)       # [P, Hkv, ps]: pages of head_dim 1
         shape = (*k_sc.shape, 1)
         reshape_and_cache(k_sc.reshape(shape), v_sc.reshape(shape), slots, ks[..., None],
@@ -381,7 +391,7 @@ class DeviceArena(Arena):
 
     def write_slots(self, slots, rows, scales=None) -> None:
         """Store token rows as given (``Arena.write_slots``), through a host copy."""
-        host = Arena(self.cfg)
+        host = Arena(self.cfg)                       # the host class of cfg.kv_layout
         host.data, host.scales = self.to_host(), (None if self.scales is None
                                                   else self.scales.copy_to_host())
         host.write_slots(slots, rows, scales)

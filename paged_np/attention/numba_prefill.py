@@ -8,10 +8,12 @@ fraction of the peak. The hand-written loops of
 :mod:`paged_np.attention.numba_kernels` reach about a third of it. So for a
 long chunk of queries this module does, per (kv head, tile of query positions):
 
-1. **Gather once.** Copy the sequence's K and V pages of that kv head into a
-   contiguous ``[n_keys, head_dim]`` float32 buffer (the only place paged_np
-   copies the cache: prefill does ``O(T)`` work per key, so the ``O(1)``
-   copy is cheap; decode never does this).
+1. **Gather once.** Copy the sequence's K and V pages of that kv head into
+   contiguous float32 buffers, V ``[n_keys, head_dim]`` and K as ``K.T``
+   ``[head_dim, n_keys]`` (the only place paged_np copies the cache: prefill
+   does ``O(T)`` work per key, so the ``O(1)`` copy is cheap; decode never does
+   this). With ``kv_layout="k_transposed"`` the K pages already hold ``K.T``
+   per page, gathered as they are (:func:`_gather_k`).
 2. ``S = Q @ K.T`` with BLAS: ``[rows, n_keys]``, where the ``rows`` are the
    tile's queries times the ``G`` query heads that share the kv head (GQA),
    and the keys stop at the tile's last position (causal).
@@ -107,14 +109,32 @@ def _sink_scores(qs, ksk, out, first_pos, G, window):
     out[np.arange(out.shape[1])[None, :] > (pos - window)[:, None]] = MASKED
 
 
+def _gather_k(k_pages, pages, kvh, scales, kv_layout):
+    """``K.T`` of kv head ``kvh`` over ``pages`` (int [n]): float32 ``[head_dim, n * page_size]``.
+
+    hnd pages gather as ``[n_keys, D]`` rows and return their transpose (a view);
+    k_transposed pages already are ``[D, page_size]`` tiles: gathered straight into
+    ``[D, n, page_size]`` (one copy), the matrix product's operand as it is.
+    """
+    if kv_layout == "hnd":
+        D = k_pages.shape[3]
+        return to_float32(k_pages[pages, kvh], scales).reshape(-1, D).T    # [D, n_keys] view
+    D = k_pages.shape[2]
+    kt = k_pages[pages[None, :], kvh, np.arange(D)[:, None]]             # [D, n, ps] codes
+    if scales is not None:  # 8-bit: the scales are per token, [n, ps]
+        return to_float32(kt.transpose(1, 2, 0), scales).transpose(2, 0, 1).reshape(D, -1)
+    return to_float32(kt, None).reshape(D, -1)                            # [D, n_keys]
+
+
 def attend_sequence(q, k_pages, v_pages, bt_row, seq_len, t0, n_q, scale, window, out, lse,
-                    k_scales=None, v_scales=None, sinks=0, q_sinks=None):
+                    k_scales=None, v_scales=None, sinks=0, q_sinks=None, kv_layout="hnd"):
     """All heads of queries ``q[t0:t0+n_q]``, the last ``n_q`` positions of one sequence.
 
     ``k_pages``/``v_pages``: float32 or float16 ``[num_pages, num_kv_heads,
     page_size, head_dim]``, or 8-bit codes with ``k_scales``/``v_scales``
     ``[num_pages, num_kv_heads, page_size]`` (dequantized as they are gathered);
-    ``bt_row``: the sequence's block table row.
+    ``bt_row``: the sequence's block table row. ``kv_layout="k_transposed"``:
+    k_pages are ``[num_pages, num_kv_heads, head_dim, page_size]``.
     Writes ``out[t0:t0+n_q]`` ``[n_q, H, D]`` and ``lse[t0:t0+n_q]`` (natural log).
 
     Attention sinks (``sinks > 0`` with a window): a tile some of whose rows
@@ -122,7 +142,7 @@ def attend_sequence(q, k_pages, v_pages, bt_row, seq_len, t0, n_q, scale, window
     (None: ``q``), in ``S``'s first columns (:func:`_sink_scores`).
     """
     H, D = q.shape[1], q.shape[2]
-    num_kv_heads, P = k_pages.shape[1], k_pages.shape[2]
+    num_kv_heads, P = v_pages.shape[1], v_pages.shape[2]
     G = H // num_kv_heads
     first_pos = seq_len - n_q  # position of query t0
     lo0 = max(0, first_pos - window + 1) if window > 0 else 0  # first key any query sees
@@ -138,13 +158,13 @@ def attend_sequence(q, k_pages, v_pages, bt_row, seq_len, t0, n_q, scale, window
         heads = slice(kvh * G, (kvh + 1) * G)
         ks = None if k_scales is None else k_scales[pages, kvh]          # [n_pages, P]
         vs = None if v_scales is None else v_scales[pages, kvh]
-        kc = to_float32(k_pages[pages, kvh], ks).reshape(-1, D)          # [n_keys, D] float32
+        kt = _gather_k(k_pages, pages, kvh, ks, kv_layout)               # [D, n_keys] float32
         vc = to_float32(v_pages[pages, kvh], vs).reshape(-1, D)
         qh = q[t0:t0 + n_q, heads] * qs  # [n_q, G, D] contiguous: rows i*G + g
         if sinks:  # the sinks' keys and values, and the queries that score them
             sink_pages = bt_row[:-(-sinks // P)]
-            ksk = to_float32(k_pages[sink_pages, kvh], None if ks is None else k_scales[
-                sink_pages, kvh]).reshape(-1, D)[:sinks]                 # [sinks, D]
+            ksk = _gather_k(k_pages, sink_pages, kvh, None if ks is None else k_scales[
+                sink_pages, kvh], kv_layout)[:, :sinks].T                # [sinks, D]
             vsk = to_float32(v_pages[sink_pages, kvh], None if vs is None else v_scales[
                 sink_pages, kvh]).reshape(-1, D)[:sinks]
             qhs = qh if q_sinks is None else q_sinks[t0:t0 + n_q, heads] * qs  # [n_q, G, D]
@@ -157,7 +177,7 @@ def attend_sequence(q, k_pages, v_pages, bt_row, seq_len, t0, n_q, scale, window
             ns = sinks if sinks and p1 - window + 1 > 0 else 0  # sink columns of this tile
             s_all = s_buf[:qt.shape[0] * (ns + p1 + 1 - lo)].reshape(qt.shape[0], -1)
             s = s_all[:, ns:]  # [rows, n_keys]: the window's keys
-            np.matmul(qt, kc[keys].T, out=s)  # BLAS
+            np.matmul(qt, kt[:, keys], out=s)  # BLAS
             _mask_invisible(s, p0, G, lo, window)
             if ns:  # [rows, ns]: the sinks the window leaves out
                 _sink_scores(qhs[i0:i1].reshape(-1, D), ksk, s_all[:, :ns], p0, G, window)

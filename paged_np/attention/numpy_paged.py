@@ -65,7 +65,7 @@ import numpy as np
 
 def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
             sliding_window, return_lse, k_scales=None, v_scales=None, attention_sinks=0,
-            q_sinks=None):
+            q_sinks=None, kv_layout="hnd"):
     """Paged attention of a batch (validated inputs, see the module docstring).
 
     q ``[T, num_heads, head_dim]`` float32; k_pages, v_pages
@@ -74,7 +74,7 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     Returns ``(out, lse)``: float32 ``[T, num_heads, head_dim]`` and
     ``[T, num_heads]`` (``lse`` is None unless ``return_lse``). 8-bit pages come
     with ``k_scales, v_scales`` float32 ``[num_pages, num_kv_heads, page_size]``;
-    ``attention_sinks`` and ``q_sinks`` (like q, or None) as in :func:`attend_sequence`.
+    ``attention_sinks``, ``q_sinks`` (like q, or None), ``kv_layout`` as in :func:`attend_sequence`.
     """
     out = np.empty(q.shape, dtype=np.float32)                    # [T, H, D]
     lse = np.empty(q.shape[:2], dtype=np.float32)                # [T, H]
@@ -86,17 +86,18 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
             q[start:end], k_pages, v_pages, block_tables[b], int(seq_lens[b]),
             scale, sliding_window, k_scales=k_scales, v_scales=v_scales,
             attention_sinks=attention_sinks,
-            q_sinks=None if q_sinks is None else q_sinks[start:end])
+            q_sinks=None if q_sinks is None else q_sinks[start:end], kv_layout=kv_layout)
     return out, (lse if return_lse else None)
 
 
 def attend_sequence(q, k_pages, v_pages, block_table, seq_len, scale, sliding_window,
                     first_page=0, end_page=None, k_scales=None, v_scales=None,
-                    attention_sinks=0, q_sinks=None):
+                    attention_sinks=0, q_sinks=None, kv_layout="hnd"):
     """One sequence's queries over its pages ``[first_page, end_page)``.
 
     With a window, keys ``< attention_sinks`` stay visible too, those outside a
     row's window scored with ``q_sinks`` ``[n_q, H, D]`` (None: with ``q``).
+    ``kv_layout="k_transposed"``: k_pages are ``[num_pages, KV, D, page_size]``.
 
     q ``[n_q, H, D]`` are the sequence's last ``n_q`` tokens. With the default
     page range this is the full attention. A sub-range gives a *partial* result
@@ -106,7 +107,7 @@ def attend_sequence(q, k_pages, v_pages, block_table, seq_len, scale, sliding_wi
     Returns ``out`` float32 ``[n_q, H, D]`` and ``lse`` float32 ``[n_q, H]``.
     """
     n_q, num_heads, head_dim = q.shape
-    _, num_kv_heads, page_size, _ = k_pages.shape
+    _, num_kv_heads, page_size, _ = v_pages.shape
     group = num_heads // num_kv_heads                            # query heads per kv head
     if end_page is None:
         end_page = -(-seq_len // page_size)                      # ceil: pages in use
@@ -144,7 +145,9 @@ def attend_sequence(q, k_pages, v_pages, block_table, seq_len, scale, sliding_wi
         # hold garbage or NaN) are never read at all; float16 is upcast here, and
         # 8-bit codes become code * scale of their token (to_float32).
         page_id = block_table[i]
-        k_tile = to_float32(k_pages[page_id, :, :n_valid],                  # [KV, P, D]
+        k_rows = (k_pages[page_id, :, :n_valid] if kv_layout == "hnd"     # [KV, P, D] as
+                  else k_pages[page_id, :, :, :n_valid].transpose(0, 2, 1))  # stored, or a view
+        k_tile = to_float32(k_rows,                                         # [KV, P, D]
                             None if k_scales is None else k_scales[page_id, :, :n_valid])
         v_tile = to_float32(v_pages[page_id, :, :n_valid],                  # [KV, P, D]
                             None if v_scales is None else v_scales[page_id, :, :n_valid])

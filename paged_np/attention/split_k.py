@@ -121,16 +121,17 @@ def _merge(out_a, lse_a, out_b, lse_b):
 
 
 def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
-            sliding_window, return_lse, num_splits=2):
+            sliding_window, return_lse, num_splits=2, kv_layout="hnd"):
     """Split-K paged attention: same arguments and result as ``numpy_paged.forward``.
 
     Each sequence's pages are cut into ``num_splits`` nearly equal runs of
     consecutive pages (fewer when it has fewer pages); each run is attended to
     on its own, giving a partial ``(out, lse)``, and the partials are merged
-    left to right with :func:`merge_attention_states`.
+    left to right with :func:`merge_attention_states`. ``kv_layout`` as in
+    :func:`~paged_np.attention.numpy_paged.attend_sequence`.
     """
     num_splits = check_positive_int("num_splits", num_splits)
-    page_size = k_pages.shape[2]
+    page_size = v_pages.shape[2]
     out = np.empty(q.shape, dtype=np.float32)                    # [T, H, D]
     lse = np.empty(q.shape[:2], dtype=np.float32)                # [T, H]
     for b in range(len(seq_lens)):
@@ -145,7 +146,7 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
         for first, last in zip(bounds[:-1], bounds[1:], strict=True):
             part_out, part_lse = attend_sequence(                # [n_q, H, D], [n_q, H]
                 q[start:end], k_pages, v_pages, block_tables[b], seq_len, scale,
-                sliding_window, first_page=int(first), end_page=int(last))
+                sliding_window, first_page=int(first), end_page=int(last), kv_layout=kv_layout)
             if acc_out is None:
                 acc_out, acc_lse = part_out, part_lse
             else:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..checks import check_int, check_positive_int
 from ..errors import DTypeError, InvalidArgument, InvalidBlockTable, ShapeError
-from ..registry import KV_FORMATS
+from ..registry import KV_FORMATS, KV_LAYOUTS
 
 _INT32_MAX = np.iinfo(np.int32).max
 #: What a page may hold: floats, or the 8-bit codes of kv_cache_dtype int8 / fp8_e4m3 (uint8).
@@ -28,8 +28,8 @@ class PagedAttentionArgs(NamedTuple):
     """Validated arguments, in the order of a backend's ``forward`` (bar ``return_lse``)."""
 
     q: object                  # float32 [T, num_heads, head_dim]
-    k_pages: object            # f32|f16|int8|uint8 (fp8) [num_pages, Hkv, page_size, D]
-    v_pages: object            # same as k_pages
+    k_pages: object            # like v_pages ([num_pages, Hkv, D, page_size]: k_transposed)
+    v_pages: object            # f32|f16|int8|uint8 (fp8) [num_pages, Hkv, page_size, D]
     block_tables: np.ndarray   # int32 [B, max_pages]
     seq_lens: np.ndarray       # int32 [B]
     query_start_loc: np.ndarray  # int32 [B+1]
@@ -42,7 +42,7 @@ class PagedAttentionArgs(NamedTuple):
 # ---------------------------------------------------------------------------
 def validate_paged_attention_inputs(q, k_pages, v_pages, block_tables, seq_lens,
                                     query_start_loc=None, scale=None, sliding_window=None,
-                                    allow_device=False, attention_sinks=None
+                                    allow_device=False, attention_sinks=None, kv_layout="hnd"
                                     ) -> PagedAttentionArgs:
     """Check every argument of :func:`paged_attention`; return them normalised.
 
@@ -54,19 +54,21 @@ def validate_paged_attention_inputs(q, k_pages, v_pages, block_tables, seq_lens,
     arrays (``__cuda_array_interface__``): their shape, dtype and contiguity are
     checked and they pass through untouched; integer metadata given on the
     device is copied to the host (small). ``attention_sinks`` is checked (the
-    caller reads it back with :func:`as_attention_sinks`). Raises an error naming
-    the argument.
+    caller reads it back with :func:`as_attention_sinks`); ``kv_layout`` says how to
+    read the pages' shapes. Raises an error naming the argument.
     """
-    q, k_pages, v_pages, T, head_dim = check_arrays(q, k_pages, v_pages, allow_device)
+    q, k_pages, v_pages, T, head_dim = check_arrays(q, k_pages, v_pages, allow_device,
+                                                    kv_layout)
     block_tables, seq_lens, query_start_loc, window = check_metadata(
-        block_tables, seq_lens, query_start_loc, sliding_window, T, int(k_pages.shape[0]),
-        int(k_pages.shape[2]), attention_sinks)
+        block_tables, seq_lens, query_start_loc, sliding_window, T, int(v_pages.shape[0]),
+        int(v_pages.shape[2]), attention_sinks)
     return PagedAttentionArgs(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc,
                               resolve_scale(scale, head_dim), window)
 
 
-def check_arrays(q, k_pages, v_pages, allow_device):
+def check_arrays(q, k_pages, v_pages, allow_device, kv_layout="hnd"):
     """q and the pages: dims, dtypes, shapes that agree. Returns them with ``T, head_dim``."""
+    KV_LAYOUTS.check(kv_layout, "kv_layout")
     q = _float_array("q", q, 3, allow_device, cast_to_float32=True)
     k_pages = _float_array("k_pages", k_pages, 4, allow_device, codes=True)
     v_pages = _float_array("v_pages", v_pages, 4, allow_device, codes=True)
@@ -76,13 +78,17 @@ def check_arrays(q, k_pages, v_pages, allow_device):
                          f"got {kdt}")
     if vdt != kdt:
         raise DTypeError(f"v_pages dtype {vdt} differs from k_pages dtype {kdt}")
-    if tuple(v_pages.shape) != tuple(k_pages.shape):
-        raise ShapeError(f"v_pages shape {tuple(v_pages.shape)} differs from k_pages "
-                         f"shape {tuple(k_pages.shape)}")
-    num_pages, num_kv_heads, page_size, head_dim = (int(n) for n in k_pages.shape)
+    k_shape = tuple(int(n) for n in k_pages.shape)   # the caller's layout, never guessed:
+    if kv_layout != "hnd":                           # 16x16 pages fit both
+        k_shape = (*k_shape[:2], k_shape[3], k_shape[2])
+    if tuple(v_pages.shape) != k_shape:
+        raise ShapeError(f"v_pages shape {tuple(v_pages.shape)} differs from k_pages shape "
+                         f"{tuple(k_pages.shape)} read as kv_layout={kv_layout!r} (k_transposed:"
+                         f" k_pages [num_pages, num_kv_heads, head_dim, page_size])")
+    num_pages, num_kv_heads, page_size, head_dim = (int(n) for n in v_pages.shape)
     if min(num_kv_heads, page_size, head_dim) < 1:
-        raise ShapeError(f"k_pages [num_pages, num_kv_heads, page_size, head_dim] needs "
-                         f"nonzero heads, page_size and head_dim, got {tuple(k_pages.shape)}")
+        raise ShapeError(f"k_pages, v_pages need nonzero heads, page_size and head_dim, got "
+                         f"v_pages [num_pages, num_kv_heads, page_size, head_dim] {v_pages.shape}")
     T, num_heads, q_head_dim = (int(n) for n in q.shape)
     if q_head_dim != head_dim:
         raise ShapeError(f"q head_dim {q_head_dim} differs from k_pages head_dim {head_dim}")
@@ -124,13 +130,14 @@ def check_scales(k_pages, k_scales, v_scales, allow_device=False):
 
 
 def check_metadata(block_tables, seq_lens, query_start_loc, sliding_window, T, num_pages,
-                    page_size, attention_sinks=None):
+                    page_size, attention_sinks=None, kv_layout="hnd"):
     """The integer metadata of ``T`` query tokens over ``num_pages`` pages of ``page_size``.
 
     Returns ``block_tables, seq_lens, query_start_loc`` as int32 C-contiguous
     arrays and the window as an int (0 = none). ``attention_sinks`` is checked
     against the window (:func:`as_attention_sinks`) and its pages counted as used.
     """
+    KV_LAYOUTS.check(kv_layout, "kv_layout")
     block_tables = int_array("block_tables", block_tables, 2)
     seq_lens = int_array("seq_lens", seq_lens, 1)
     B, max_pages = block_tables.shape

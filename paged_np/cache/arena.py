@@ -24,6 +24,8 @@ holds one scale per (token, kv head) beside them: the same page id indexes
 both, so whatever moves a page (copy-on-write here, swap in
 :mod:`paged_np.engine.swap`) moves its scales, and a prefix hit, which reuses
 the page id, reuses them. The write path quantizes each token's row.
+``CacheConfig.kv_layout="k_transposed"`` stores K tiles ``[head_dim, page_size]``:
+``Arena(cfg)`` then builds that layout's class (:mod:`paged_np.cache.kv_layouts`).
 """
 
 from __future__ import annotations
@@ -33,10 +35,14 @@ import numpy as np
 from ..checks import check_int
 from ..config import CacheConfig
 from ..errors import DTypeError, IndexOutOfRange, ShapeError
+from ..registry import KV_LAYOUTS
 
 
 class Arena:
     """The preallocated KV array and its write path."""
+
+    def __new__(cls, cfg: CacheConfig | None = None):     # the class of cfg's kv_layout
+        return super().__new__(KV_LAYOUTS.load(cfg.kv_layout) if cls is Arena and cfg else cls)
 
     def __init__(self, cfg: CacheConfig):
         self.cfg = cfg

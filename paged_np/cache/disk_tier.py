@@ -19,7 +19,9 @@ ids, the payload's dtype, shapes, length and crc32. The **fingerprint** is
 everything that makes a page's K/V valid for the engine reading it: the model
 (its file's SHA-256, or its weights' digest, its config with the RoPE
 layout, its weight quantization), the layer count, kv heads, head dim, page
-size, the KV format and :data:`PAGE_FORMAT_VERSION`. A different model or
+size, the KV format, the page layout (``kv_layout``: the K half's bytes mean
+``[page_size, head_dim]`` or ``[head_dim, page_size]``) and
+:data:`PAGE_FORMAT_VERSION`. A different model or
 format has another folder and so never sees these files; a file moved into
 the wrong folder fails the header check.
 
@@ -92,7 +94,8 @@ class DiskStore:
         self.fingerprint = {"page_format_version": PAGE_FORMAT_VERSION,
                             "num_layers": shape[0], "num_kv_heads": shape[3],
                             "page_size": shape[4], "head_dim": shape[5],
-                            "kv_format": cfg.kv_format, **fingerprint}
+                            "kv_format": cfg.kv_format, "kv_layout": cfg.kv_layout,
+                            **fingerprint}
         self.digest = fingerprint_digest(self.fingerprint)
         self.dir = Path(directory).expanduser() / self.digest[:16]
         self.index = TierIndex(policy)

@@ -112,7 +112,7 @@ class PagedKVCache(EventLog):
         return self._arena.data
 
     def layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(k_pages, v_pages)`` views of one layer, each [num_pages, Hkv, page_size, D]."""
+        """``(k_pages, v_pages)`` views of one layer: [num_pages, Hkv, page_size, D] (hnd)."""
         return self._arena.layer(layer)
 
     def layer_scales(self, layer: int) -> tuple:

@@ -44,7 +44,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import numpy as np
+
 from .hash_index import ROOT_HASH, hash_page
+from .kv_layouts import token_rows
 
 #: Page hashes whose prompt counts the reuse gate remembers (oldest forgotten first).
 SEEN_CAP = 1 << 16
@@ -140,7 +143,8 @@ class KVTiers:
             if found is None:                              # a fault, or evicted meanwhile
                 break
             name, data, scales = found                     # [L, 2, Hkv, ps, D], [.., ps]
-            cache.write_slots(slots[j * ps:(j + 1) * ps], data.transpose(3, 0, 1, 2, 4),
+            rows = token_rows(data[:, :, None], 0, np.arange(ps), cache.cfg.kv_layout)
+            cache.write_slots(slots[j * ps:(j + 1) * ps], rows,          # [ps, L, 2, Hkv, D]
                               None if scales is None else scales.transpose(3, 0, 1, 2))
             self.loaded_tokens[name] += ps
             done += 1

@@ -24,6 +24,7 @@ from ..registry import (
     EVICTION_POLICIES,
     KV_CACHES,
     KV_FORMATS,
+    KV_LAYOUTS,
     PREEMPTION_MODES,
     PREFIX_INDEXES,
     SAMPLERS,
@@ -118,6 +119,8 @@ class EngineConfig:
     kv_cache_dtype: str = _option(
         "auto", "what a page stores: float32 (auto), float16, or 8-bit codes with a scale "
         "per token and kv head (int8, fp8_e4m3)", choices=KV_FORMATS)
+    kv_layout: str = _option("hnd", "K pages [page_size, head_dim], or transposed",
+                             choices=KV_LAYOUTS)
     max_num_seqs: int = _option(8, "most sequences running at once")
     max_num_batched_tokens: int = _option(
         256, "most tokens in one step (prefill chunks plus decodes)")
@@ -187,6 +190,7 @@ class EngineConfig:
         for name in ("page_size", "max_num_seqs", "max_num_batched_tokens"):
             object.__setattr__(self, name, check_positive_int(name, getattr(self, name)))
         check_choice("kv_cache_dtype", self.kv_cache_dtype, ("auto", *KV_FORMATS))
+        check_choice("kv_layout", self.kv_layout, KV_LAYOUTS)
         check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         if self.swap_pages is not None:
             object.__setattr__(self, "swap_pages", check_int("swap_pages", self.swap_pages, 0))
@@ -270,7 +274,7 @@ class EngineConfig:
                      num_kv_heads=model_cfg.num_kv_heads, head_dim=model_cfg.head_dim,
                      dtype=self.kv_cache_dtype if dtype is None else dtype,
                      eviction_policy=self.eviction_policy,
-                     prefix_cache=self.prefix_cache)
+                     prefix_cache=self.prefix_cache, kv_layout=self.kv_layout)
         num_pages = self.num_pages
         if num_pages is None:
             budget = parse_bytes(self.kv_cache_memory or self.DEFAULT_KV_CACHE_MEMORY)

@@ -10,6 +10,8 @@ The bytes move as they are, through the cache's page API
 (``cache.read_pages`` out, ``cache.write_slots`` back): with an 8-bit
 ``kv_cache_dtype`` the codes and their scales go out and come back together,
 so a swapped sequence reads exactly what it wrote (nothing is quantized twice).
+Pages go out as stored, in the cache's ``kv_layout``, and come back as token rows
+(:func:`paged_np.cache.kv_layouts.token_rows` reads them in either layout).
 It is the ``"swap"`` entry of :data:`paged_np.registry.PREEMPTION_MODES`,
 loaded only when that mode is chosen.
 """
@@ -17,6 +19,8 @@ loaded only when that mode is chosen.
 from __future__ import annotations
 
 import numpy as np
+
+from ..cache.kv_layouts import token_rows
 
 
 class SwapArena:
@@ -33,6 +37,7 @@ class SwapArena:
         # The scales of 8-bit pages, [num_layers, 2, swap_pages, Hkv, page_size], or None.
         self.scales = np.ones(shape[:-1], np.float32) if cache.cfg.quantized else None
         self.page_size = cache.page_size
+        self.kv_layout = cache.cfg.kv_layout
         self._free = list(range(num_pages - 1, -1, -1))
 
     @property
@@ -68,7 +73,7 @@ class SwapArena:
         off = pos % self.page_size                                  # [n]
         # Every layer, K and V, in one copy: the rows index as [n, L, 2, Hkv, (D)].
         scales = None if self.scales is None else self.scales[:, :, host, :, off]
-        cache.write_slots(slots, self.data[:, :, host, :, off], scales)
+        cache.write_slots(slots, token_rows(self.data, host, off, self.kv_layout), scales)
         cache.append_tokens(req.seq_id, req.tokens(start, end))
 
     def release(self, req) -> None:

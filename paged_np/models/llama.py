@@ -318,21 +318,21 @@ class LlamaModel:
         window = self.cfg.sliding_window if batch.sliding_window is None else batch.sliding_window
         sinks = batch.attention_sinks if window else 0
         sink_rope = self.sink_rope(batch.positions, window, sinks)  # None: q scores the sinks
-        k_pages, _ = cache.layer(0)
+        ccfg = cache.cfg                                         # pages, page size, layout
         # Every layer reads the same block tables: check them (and plan the kernel's
         # work) once per step, not once per layer.
         # The quantized model's products run on Numba's threads: attention takes them
         # too, still awake. The float32 model's run on BLAS's, which would fight them.
         meta = AttentionMetadata.build(batch.block_tables, batch.seq_lens,
                                        batch.query_start_loc, window,
-                                       num_pages=k_pages.shape[0], page_size=k_pages.shape[2],
+                                       num_pages=ccfg.num_pages, page_size=ccfg.page_size,
                                        threads="numba" if self.quantized else "python",
-                                       attention_sinks=sinks)
+                                       attention_sinks=sinks, kv_layout=ccfg.kv_layout)
         ops = self.ops(backend)
         for layer in range(self.cfg.num_layers):
             q, k, v = self.qkv(layer, x, rope, ops)              # [T, Hq, D], [T, Hkv, D] x2
             cache.write_kv(layer, batch.slots, k, v)             # scatter into the arena
-            k_pages, v_pages = cache.layer(layer)                # [P, Hkv, page_size, D] views
+            k_pages, v_pages = cache.layer(layer)                # views (K as ccfg.kv_layout)
             k_scales, v_scales = cache.layer_scales(layer)       # 8-bit pages' scales, or None
             quant = {} if k_scales is None else dict(k_scales=k_scales, v_scales=v_scales)
             if sink_rope is not None:                            # q at its cache position
