@@ -37,7 +37,7 @@ def test_results_md_keeps_one_section_per_isa(tmp_path):
         "results-avx2.json", "results-avx512vl.json"]
     assert text.count("### ") == 2 and text == (tmp_path / "results.md").read_text()
     assert "### AVX2 (256-bit ymm, 16 registers) code on Test CPU" in text
-    assert "| float32 | 2048 | 10.00 |" in text and "| float32 | 2048 | 6.00 |" in text
+    assert "| float32 | hnd | 2048 | 10.00 |" in text and "| float32 | hnd | 2048 | 6.00 |" in text
     # % of limit: 2 * 8 * 8 * 2048 * 128 * 4 bytes in 6 ms = 22.4 GB/s, 75% of 30 GB/s
     assert "| 2 | bandwidth | 75% |" in text
     assert "70% of the FMA peak limit" in text

@@ -176,8 +176,6 @@ def test_k_transposed_attention_equals_hnd(backend, name):
         out_k, lse_k = _run(backend, case, pages["k_transposed"], "k_transposed", window,
                             sinks, meta)
         assert rel_error(out_k, out_h) <= TOL and rel_error(lse_k, lse_h) <= TOL
-        if backend == "numba":          # for now the same kernel on the same numbers
-            np.testing.assert_array_equal(out_k, out_h)
         if ref_out is not None:         # and hnd is right: the dense reference
             assert rel_error(out_h, ref_out) <= TOL and rel_error(lse_h, ref_lse) <= TOL
 

@@ -389,8 +389,6 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     num_kv_heads, head_dim, page_size]``; V pages are ``[..., page_size,
     head_dim]`` in both).
     """
-    if kv_layout == "k_transposed":  # TEMPORARY until the transposed-K kernel lands
-        k_pages, kv_layout = np.ascontiguousarray(k_pages.transpose(0, 1, 3, 2)), "hnd"
     T, H, D = q.shape
     out = np.zeros((T, H, D), np.float32)
     lse = np.zeros((T, H), np.float32)
@@ -416,7 +414,7 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     for b in plan.blas_seqs:  # long prefill chunks: BLAS
         attend_sequence(q, k_pages, v_pages, block_tables[b], int(seq_lens[b]), int(qsl[b]),
                         int(qsl[b + 1] - qsl[b]), scale, window, out, lse, k_scales, v_scales,
-                        sinks, q_sinks)
+                        sinks, q_sinks, kv_layout)
     return out, (lse if return_lse else None)
 
 
