@@ -42,12 +42,12 @@ from ..quant.simd import (
     LANES,
     V_F32,
     F32x16,
-    _address,
-    _splat,
+    address,
     fma,
     jitted_as,
     load_f32,
     prefetch_l2,
+    splat_ir,
     store_f32,
     zeros_f32,
 )
@@ -58,8 +58,8 @@ from .numba_widen import to_f32
 @intrinsic
 def _splat_at(typingctx, a, i):
     def codegen(context, builder, sig, args):
-        x = builder.load(_address(context, builder, sig.args[0], *args, V_F32.element))
-        return _splat(builder, x, V_F32)
+        x = builder.load(address(context, builder, sig.args[0], *args, V_F32.element))
+        return splat_ir(builder, x, V_F32)
     return F32x16(a, i), codegen
 
 

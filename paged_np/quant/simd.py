@@ -110,13 +110,13 @@ V_U8, V_I32, V_F32 = _ir(U8x64), _ir(I32x16), _ir(F32x16)
 _I32 = ir.IntType(32)
 
 
-def _address(context, builder, arrty, arr, idx, pointee):
+def address(context, builder, arrty, arr, idx, pointee):
     """Pointer to ``arr``'s flat element ``idx``, typed as ``pointee``."""
     data = context.make_array(arrty)(context, builder, arr).data
     return builder.bitcast(builder.gep(data, [idx]), ir.PointerType(pointee))
 
 
-def _splat(builder, value, vt):
+def splat_ir(builder, value, vt):
     v = builder.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(_I32, 0))
     return builder.shuffle_vector(v, ir.Constant(vt, ir.Undefined),
                                   ir.Constant(ir.VectorType(_I32, vt.count), [0] * vt.count))
@@ -133,21 +133,21 @@ def _function(builder, name, ret, args):
 @intrinsic
 def load_u8x64(typingctx, a, i):
     def codegen(context, builder, sig, args):
-        return builder.load(_address(context, builder, sig.args[0], *args, V_U8), align=1)
+        return builder.load(address(context, builder, sig.args[0], *args, V_U8), align=1)
     return U8x64(a, i), codegen
 
 
 @intrinsic
 def _load_f32(typingctx, a, i):
     def codegen(context, builder, sig, args):
-        return builder.load(_address(context, builder, sig.args[0], *args, V_F32), align=4)
+        return builder.load(address(context, builder, sig.args[0], *args, V_F32), align=4)
     return F32x16(a, i), codegen
 
 
 @intrinsic
 def _store_f32(typingctx, a, i, v):
     def codegen(context, builder, sig, args):
-        builder.store(args[2], _address(context, builder, sig.args[0], args[0], args[1], V_F32),
+        builder.store(args[2], address(context, builder, sig.args[0], args[0], args[1], V_F32),
                       align=4)
         return context.get_dummy_value()
     return types.none(a, i, v), codegen
@@ -162,7 +162,7 @@ def _codes(widen, low_nibble: bool):
     @intrinsic
     def codes(typingctx, a, i):
         def codegen(context, builder, sig, args):
-            v = builder.load(_address(context, builder, sig.args[0], *args, _V16_U8), align=1)
+            v = builder.load(address(context, builder, sig.args[0], *args, _V16_U8), align=1)
             w = getattr(builder, widen)(v, _V16_I32)
             if low_nibble:
                 w = builder.and_(w, ir.Constant(_V16_I32, [15] * 16))
@@ -198,8 +198,8 @@ def _prefetch_l2(typingctx, a, i):
 @intrinsic
 def broadcast4(typingctx, a, i):
     def codegen(context, builder, sig, args):
-        word = builder.load(_address(context, builder, sig.args[0], *args, _I32), align=1)
-        return _splat(builder, word, V_I32)
+        word = builder.load(address(context, builder, sig.args[0], *args, _I32), align=1)
+        return splat_ir(builder, word, V_I32)
     return I32x16(a, i), codegen
 
 
@@ -323,7 +323,7 @@ def _splat_f32(typingctx, x):
     def codegen(context, builder, sig, args):
         value = args[0] if sig.args[0] == types.float32 else builder.fptrunc(args[0],
                                                                              ir.FloatType())
-        return _splat(builder, value, V_F32)
+        return splat_ir(builder, value, V_F32)
     return F32x16(x), codegen
 
 
