@@ -123,8 +123,9 @@ def draw_roofline(points, peak_bandwidth: float, peak_flops: float | None = None
                 raise InvalidArgument(f"points[{i}] has no {key!r}")
         if not (pt["flops"] > 0 and pt["bytes"] > 0 and pt["seconds"] > 0):
             raise InvalidArgument(f"points[{i}]: flops, bytes and seconds must be > 0")
+    legend_outside = ax is None and len(points) > 6   # a long legend would hide the dots
     if ax is None:
-        fig, ax = plt.subplots(figsize=(6.5, 4))
+        fig, ax = plt.subplots(figsize=(9, 4) if legend_outside else (6.5, 4))
     else:
         fig = ax.figure
     intensity = np.array([p["flops"] / p["bytes"] for p in points])   # [n] FLOP/byte
@@ -139,11 +140,16 @@ def draw_roofline(points, peak_bandwidth: float, peak_flops: float | None = None
         ax.loglog(intensity[i], speed[i], p.get("marker", "o"), markersize=7, label=p["label"],
                   color=p.get("color"))
         frac = speed[i] / min(intensity[i] * peak_bandwidth, peak_flops or np.inf)
+        left = p.get("marker", "o") != "o"          # a paired dot: its number on the left
         ax.annotate(f"{frac:.0%}", (intensity[i], speed[i]), textcoords="offset points",
-                    xytext=(6, -10), fontsize=7)
+                    xytext=(-6, -10) if left else (6, -10), ha="right" if left else "left",
+                    fontsize=7)
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("FLOP / s")
-    ax.legend(fontsize=7, loc="upper left")
+    if legend_outside:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    else:
+        ax.legend(fontsize=7, loc="upper left")
     ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
     ax.set_title(title or f"roofline: memory roof {peak_bandwidth / 1e9:.1f} GB/s"
                  + (f", compute roof {peak_flops / 1e9:.0f} GFLOP/s" if peak_flops else ""),
