@@ -20,9 +20,10 @@ from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
 
 from paged_np import viz  # noqa: E402
 from paged_np.cache.kv_cache import Event  # noqa: E402
-from paged_np.errors import InvalidArgument, ShapeError  # noqa: E402
+from paged_np.errors import IndexOutOfRange, InvalidArgument, ShapeError  # noqa: E402
 from paged_np.viz import anim as viz_anim  # noqa: E402
 from paged_np.viz import kernels as viz_kernels  # noqa: E402
+from paged_np.viz import layouts as viz_layouts  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -211,6 +212,69 @@ def test_roofline_points_and_roofs():
     assert [t.get_text() for t in ax.texts] == ["50%", "50%"]      # 2 of 4, 8 of 16 GFLOP/s
     with pytest.raises(InvalidArgument, match="seconds"):
         viz_kernels.draw_roofline([{"label": "x", "flops": 1, "bytes": 1}], 1e9)
+    pair = [dict(pts[0], marker=m, color="C3") for m in ("o", "s")]  # one case, two layouts
+    dots = viz_kernels.draw_roofline(pair, peak_bandwidth=4e9).axes[0].lines[1:]
+    assert [d.get_marker() for d in dots] == ["o", "s"] and dots[0].get_color() == "C3"
+
+
+@pytest.mark.parametrize("load", [0, 1, 7, 15])
+def test_one_vector_load_is_one_key_in_hnd_and_one_dim_in_k_transposed(load):
+    """16 consecutive addresses in both layouts: dims 0-15 of key ``load`` in hnd, dim
+    ``load`` of keys 0-15 in k_transposed (the same element, read through page.T)."""
+    page = np.arange(16 * 16).reshape(16, 16)                      # [P, D] element id
+    for layout, memory in (("hnd", page), ("k_transposed", page.T.copy())):
+        ld = viz_layouts.vector_load(16, 16, layout, load)
+        assert np.array_equal(ld["address"], np.arange(16 * load, 16 * (load + 1)))
+        assert np.array_equal(memory.reshape(-1)[ld["address"]], page[ld["key"], ld["dim"]])
+    hnd = viz_layouts.vector_load(16, 16, "hnd", load)
+    kt = viz_layouts.vector_load(16, 16, "k_transposed", load)
+    assert set(hnd["key"]) == {load} and list(hnd["dim"]) == list(range(16))
+    assert set(kt["dim"]) == {load} and list(kt["key"]) == list(range(16))
+    assert "ONE score" in viz_layouts.describe_load(hnd)
+    assert "each of 16 scores" in viz_layouts.describe_load(kt)
+
+
+def test_a_short_key_spans_two_keys_per_load_and_bad_layouts_are_refused():
+    ld = viz_layouts.vector_load(32, 8, "hnd", 1)                  # 8 dims per key
+    assert list(ld["key"]) == [2] * 8 + [3] * 8
+    with pytest.raises(InvalidArgument, match="layout"):
+        viz_layouts.k_page_cells(16, 16, "nhd")
+    with pytest.raises(InvalidArgument, match="whole number"):
+        viz_layouts.vector_load(4, 6, "hnd")                       # 24 floats, 16 lanes
+    with pytest.raises(IndexOutOfRange):
+        viz_layouts.vector_load(16, 16, "hnd", load=16)            # 16 loads: 0..15
+
+
+@pytest.mark.parametrize("load", [1, 9])
+def test_draw_k_layouts_outlines_the_cells_of_one_load(load):
+    """The red cells of each panel are 16 consecutive addresses (read off the numbers
+    drawn in them) holding one key's colour in hnd and 16 keys' colours in
+    k_transposed."""
+    fig = viz.draw_k_layouts(16, 16, load=load)
+    for ax, layout in zip(fig.axes, ("hnd", "k_transposed")):
+        numbers = {(round(t.get_position()[1]), round(t.get_position()[0])): int(t.get_text())
+                   for t in ax.texts}                              # (row, col) -> address
+        assert sorted(numbers.values()) == list(range(256))
+        red = [p for p in ax.patches if p.get_gid() == "load"]
+        cells = [(round(p.get_y() + 0.5), round(p.get_x() + 0.5)) for p in red]
+        assert sorted(numbers[c] for c in cells) == list(range(16 * load, 16 * (load + 1)))
+        colours = {tuple(ax.images[0].get_array()[r, c]) for r, c in cells}
+        assert len(colours) == (1 if layout == "hnd" else 16), layout
+        assert ax.get_title(loc="left").startswith(f"{layout}: K page")
+
+
+def test_draw_page_sweep_one_bar_per_layout_and_old_files():
+    new = [{"page_size": 8, "gbs_hnd": 4.0, "gbs_k_transposed": 6.0},
+           {"page_size": 16, "gbs_hnd": 5.0, "gbs_k_transposed": 7.0}]
+    ax = viz_kernels.draw_page_sweep(new).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["K hnd", "K transposed"]
+    assert sorted(p.get_height() for p in _rects(ax)) == [4.0, 5.0, 6.0, 7.0]
+    old = [{"page_size": 8, "gbs": 4.0}, {"page_size": 16, "gbs": 5.0}]   # before layouts
+    ax = viz_kernels.draw_page_sweep(old).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["K hnd"]
+    assert [p.get_height() for p in _rects(ax)] == [4.0, 5.0]
+    with pytest.raises(InvalidArgument):
+        viz_kernels.draw_page_sweep([{"page_size": 8}])
 
 
 def test_step_series_from_engine_metrics_and_from_dicts():

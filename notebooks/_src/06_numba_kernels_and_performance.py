@@ -12,10 +12,11 @@
 # loop (Numba compiles a Python function with `@njit`; nothing else about Numba is
 # assumed).
 #
-# **What you will be able to do:** read the package's CPU kernel; compute a kernel's
-# arithmetic intensity and place it on a roofline with its memory and compute roofs; write
-# a Numba decode kernel for the NHD page layout, checked against the package, and say
-# why it lands where it does.
+# **What you will be able to do:** say what one vector load of a K page holds in the hnd
+# and k_transposed layouts, and find an element's address in each; read the package's
+# CPU kernel; compute a kernel's arithmetic intensity and place it on a roofline with its
+# memory and compute roofs; write a Numba decode kernel for the NHD page layout, checked
+# against the package, and say why it lands where it does.
 #
 # Timings below are live and noisy (a shared 2-core machine, say); the benchmark numbers
 # the README quotes come from `python -m paged_np bench`, read from
@@ -27,7 +28,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import matplotlib.pyplot as plt
 
 import paged_np as pnp
 from paged_np import viz
@@ -98,6 +98,73 @@ for name, t in (("numpy", t_numpy), ("numba", t_numba)):
     print(f"{name}: {t * 1e3:7.2f} ms  {kv_bytes / t / 1e9:6.2f} GB/s of K/V")
 
 # %% [markdown]
+# ## Two layouts of a K page
+#
+# A score is `q . k`: `head_dim` multiply-adds. A CPU does them in **vectors**: one
+# 512-bit load brings 16 float32 from 16 consecutive addresses into a register, and one
+# instruction multiplies-and-adds all 16 lanes. So what a load holds depends on how the
+# page lies in memory. Two layouts of one kv head's K page:
+#
+# - **hnd** (the arena's today): `[page_size, head_dim]`, row `t` is key `t`. A load
+#   holds 16 dimensions of *one* key: it gives 16 partial sums of one score, which must
+#   be added across the lanes at the end (the package's 4x4 score tile keeps 16 such
+#   sums and reduces each once).
+# - **k_transposed**: `[head_dim, page_size]`, row `d` is dimension `d` of every key. A
+#   load holds dimension `d` of 16 consecutive *keys*: `acc[0:16] += q[d] * load` is one
+#   multiply-add into each of 16 scores, key `t` staying in lane `t`; nothing is reduced.
+#
+# This is vLLM's original key cache, `[num_blocks, num_kv_heads, head_size / x,
+# block_size, x]`, with `x = 1`: on a GPU each thread owned one key and read `x` of its
+# dimensions (16 bytes) at once; on a CPU the vector runs across keys, so `x` is one
+# element. V pages stay `[page_size, head_dim]` in both. In the drawing, the numbers are
+# addresses, the colour is the key, and the red cells are one load:
+
+# %%
+fig = viz.draw_k_layouts(page_size=16, head_dim=16, load=1)
+
+# %% [markdown]
+# Same bytes, same scores, two orders of work. With a `head_dim` of 128, the hnd row
+# `q @ k_page.T` reduces along each key's row; the k_transposed loop adds one row of
+# `kT_page` per dimension, as the kernel's registers do:
+
+# %%
+rng = np.random.default_rng(1)
+k_page = rng.standard_normal((16, 128), np.float32)        # hnd: [page_size, head_dim]
+kT_page = np.ascontiguousarray(k_page.T)                   # k_transposed: [head_dim, page_size]
+q1 = rng.standard_normal(128, np.float32)                  # one query row [head_dim]
+print("strides (bytes): hnd", k_page.strides, " k_transposed", kT_page.strides)
+acc = np.zeros(16, np.float32)                             # [page_size]: lane t = key t's score
+for d in range(128):
+    acc += q1[d] * kT_page[d]                              # one broadcast multiply-add per dim
+assert np.allclose(q1 @ k_page.T, q1 @ kT_page, atol=1e-4)  # [16] both ways
+assert np.allclose(q1 @ k_page.T, acc, atol=1e-4)
+
+# %% [markdown]
+# ## Exercise 6a: where key t's dimension d lives
+#
+# A page of 16 keys of 8 dims is 128 floats in a row of memory. For every key `t` and
+# dimension `d` (the grids `t`, `d` below, `[16, 8]` each), write the address of that
+# element in an **hnd** page (`addr_hnd`) and in a **k_transposed** page (`addr_kt`),
+# as NumPy expressions in `t` and `d`. The check builds each page's memory as
+# `np.arange(128)` in its memory shape and reads the answer off it.
+
+# %% exercise 6a
+t, d = np.indices((16, 8))     # [16, 8]: t[i, j] = i (the key), d[i, j] = j (the dim)
+addr_hnd = None                # [16, 8]: address of key t's dim d in an hnd page
+addr_kt = None                 # [16, 8]: the same in a k_transposed page
+
+# %% check 6a
+memory = np.arange(16 * 8)                                 # address i holds element i
+check("6a", dict(addr_hnd=addr_hnd, addr_kt=addr_kt),
+      dict(addr_hnd=memory.reshape(16, 8),                 # memory [P, D]: [t, d]
+           addr_kt=memory.reshape(8, 16).T),               # memory [D, P]: [d, t], seen as [t, d]
+      hints=dict(addr_hnd="rows of head_dim = 8 floats, one per key: skip t rows, then d.",
+                 addr_kt="rows of page_size = 16 floats, one per dim: skip d rows, then t."),
+      done="Neighbouring addresses hold the next dim of one key in hnd, the next key in "
+           "k_transposed: a 16-float load is a column of addr_kt (dim d of all 16 keys) "
+           "but two keys' rows of addr_hnd (head_dim is 8 here).")
+
+# %% [markdown]
 # ## The roofline
 #
 # A kernel has two speed limits. The **bandwidth roof** is what the memory bus can
@@ -116,23 +183,30 @@ bandwidth = res["bandwidth_gbs"] * 1e9 if res else bench.stream_bandwidth(repeat
 peak = res["fma_peak_gflops"] * 1e9 if res else bench.fma_peak(2) * 1e9
 print(f"roofs: {bandwidth / 1e9:.1f} GB/s, {peak / 1e9:.0f} GFLOP/s; "
       f"ridge point {peak / bandwidth:.1f} FLOP/byte")
-points = [{"label": f"{n} (live, ctx {CTX})", "flops": flops, "bytes": kv_bytes, "seconds": t}
-          for n, t in (("numpy", t_numpy), ("numba", t_numba))]
-for row in (res or {}).get("decode", []):                  # the bench's own decode rows
+points = [{"label": f"{n} K hnd (live, ctx {CTX})", "flops": flops, "bytes": kv_bytes,
+           "seconds": t} for n, t in (("numpy", t_numpy), ("numba", t_numba))]
+decode = (res or {}).get("decode", [])                     # the bench's own decode rows
+cases = sorted({(row["dtype"], row["context"]) for row in decode})
+for row in decode:
+    layout = row.get("layout", "hnd")                      # older files: hnd only
     nbytes = row["gbs"] * 1e9 * row["ms"] / 1e3            # bytes it read per call
     itemsize = 4 if row["dtype"] == "float32" else 2
-    points.append({"label": f"bench {row['dtype']} ctx {row['context']}", "bytes": nbytes,
+    points.append({"label": f"bench {row['dtype']} ctx {row['context']}, "
+                            f"{viz.layouts.K_LAYOUTS[layout]}", "bytes": nbytes,
                    "flops": nbytes * bench.H / (2 * bench.HKV) * 4 / itemsize,
-                   "seconds": row["ms"] / 1e3})
+                   "seconds": row["ms"] / 1e3, "marker": "o" if layout == "hnd" else "s",
+                   "color": f"C{2 + cases.index((row['dtype'], row['context']))}"})
 fig = viz.draw_roofline(points, peak_bandwidth=bandwidth, peak_flops=peak)
 
 # %% [markdown]
-# Every dot sits under the slanted roof, at intensity 2 (float32) or 4 (float16: half the
-# bytes for the same FLOPs), far left of the ridge point: decode attention would need
-# several times more FLOPs per byte before the arithmetic, not the bus, limited it. (A
-# prefill chunk reuses each key for many queries and moves right; a big enough one
-# crosses the ridge and becomes compute-bound.) How far below the roof a dot sits is the kernel's
-# inefficiency: loop overhead, the threads' start-up, cache misses on the block table.
+# A bench case run in both K layouts is one colour: a circle for hnd, a square for
+# k_transposed, at the same intensity (the same bytes, the same FLOPs; only the order of
+# the work differs). Every dot sits under the slanted roof, at intensity 2 (float32) or 4
+# (float16: half the bytes for the same FLOPs), far left of the ridge point: decode
+# attention would need several times more FLOPs per byte before the arithmetic, not the
+# bus, limited it. (A prefill chunk reuses each key for many queries and moves right; a
+# big enough one crosses the ridge and becomes compute-bound.) How far below the roof a
+# dot sits is the kernel's inefficiency: loop overhead, the threads' start-up, cache misses on the block table.
 # Long contexts on a small machine fall further below: the working set no longer fits
 # in the caches and the two cores compete for the bus.
 #
@@ -193,21 +267,22 @@ print(source[start:source.index("\n\n\n", start)])
 # and one short run of memory per page. The bench swept the page size at context 2048:
 
 # %%
-if res:
-    sweep = res["page_sweep"]
-else:                                                      # no results.json: measure live
+if res:                                                    # rows with gbs_hnd, gbs_k_transposed
+    sweep = res["page_sweep"]                              # (older files: gbs, hnd's)
+else:                                                      # no results.json: measure live, hnd
     sweep = []
     for ps in (8, 16, 64):
         case = bench.make_decode_case(CTX, np.float32, page_size=ps)
         t = best_of(lambda: pnp.paged_attention(*case[:5], backend="numba"), repeat=3)
-        sweep.append({"page_size": ps, "gbs": case[1].nbytes * 2 / t / 1e9})
-fig, ax = plt.subplots(figsize=(5, 2.6))
-ax.bar([str(r["page_size"]) for r in sweep], [r["gbs"] for r in sweep], color="#4c72b0")
-ax.set_xlabel("page size (tokens)"); ax.set_ylabel("GB/s of K/V");
+        sweep.append({"page_size": ps, "gbs_hnd": case[1].nbytes * 2 / t / 1e9})
+fig = viz.draw_page_sweep(sweep, title="decode across page sizes, one bar per K layout")
 
 # %% [markdown]
 # Larger pages read faster, up to a point; vLLM's default of 16 trades a little speed
 # for little waste and fine-grained sharing (a prefix is shared in whole pages only).
+# k_transposed's fast path scores 16 keys per load, so it needs a page of a multiple of
+# 16 keys; a page of 8 takes a plainer loop (`tile_scores_kt_any` in
+# `paged_np/attention/numba_kt.py`).
 #
 # ## Exercise 6: intensity of float16 and of MQA
 #
@@ -299,7 +374,13 @@ if mine is not None and not isinstance(mine, (Raised, ReturnedNone)):  # right o
 #    <details><summary>answer</summary>A kernel reads one kv head at a time; in HND that
 #    head's page is one contiguous `page_size x head_dim` run the prefetcher can stream.
 #    </details>
-# 4. Your NHD kernel ran slower than the package's. Name two reasons other than layout.
+# 4. One 16-float load of a K page (head_dim 128, page_size 16): what does it hold in
+#    hnd, and in k_transposed, and which needs a reduction across the lanes?
+#    <details><summary>answer</summary>hnd: 16 dimensions of one key, partial sums of
+#    one score, added across the lanes at the end. k_transposed: one dimension of the
+#    page's 16 keys, one multiply-add into each of 16 scores; nothing is reduced.
+#    </details>
+# 5. Your NHD kernel ran slower than the package's. Name two reasons other than layout.
 #    <details><summary>answer</summary>One key at a time with an `exp` per key (the
 #    package scores a block of keys and rescales once per block) and no tiling of rows
 #    into vector registers; and each query head re-reads its kv head's keys instead of

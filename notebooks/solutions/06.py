@@ -1,8 +1,13 @@
-"""Solutions to notebook 6's exercise (``# %% exercise NAME`` cells).
+"""Solutions to notebook 6's exercises (``# %% exercise NAME`` cells).
 
 ``python notebooks/_build.py --solved DIR`` puts them into the notebook; try the
-exercise first.
+exercises first.
 """
+
+# %% exercise 6a
+t, d = np.indices((16, 8))     # [16, 8]: t[i, j] = i (the key), d[i, j] = j (the dim)
+addr_hnd = t * 8 + d           # memory [page_size, head_dim]: t rows of 8, then d
+addr_kt = d * 16 + t           # memory [head_dim, page_size]: d rows of 16, then t
 
 # %% exercise 6
 # intensity = (H / Hkv) / (2 * bytes per value): each key byte serves H / Hkv query heads

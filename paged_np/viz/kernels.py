@@ -1,4 +1,4 @@
-"""Drawings of the kernels: one query's online softmax, and the roofline of the bench.
+"""Drawings of the kernels: one query's online softmax, the roofline and the page sweep.
 
 :func:`online_softmax_trace` runs the online softmax of one query over a
 sequence's keys *page by page* in plain NumPy and keeps the running state
@@ -17,6 +17,7 @@ import numpy as np
 from ..checks import check_positive_int
 from ..errors import InvalidArgument, ShapeError
 from .arena import pyplot
+from .layouts import K_LAYOUTS
 
 
 def online_softmax_trace(q, k, page_size: int, scale: float | None = None) -> dict:
@@ -101,7 +102,9 @@ def draw_roofline(points, peak_bandwidth: float, peak_flops: float | None = None
 
     ``points`` is a list of dicts with ``label``, ``flops``, ``bytes`` (moved
     to or from memory per call) and ``seconds`` (per call). Each becomes a dot
-    at intensity ``flops / bytes`` and speed ``flops / seconds``.
+    at intensity ``flops / bytes`` and speed ``flops / seconds``; optional
+    ``marker`` and ``color`` (matplotlib's) pair dots up, e.g. one case in two
+    K layouts: one colour, a circle and a square.
     ``peak_bandwidth`` (bytes/s) draws the slanted memory roof, ``peak_flops``
     (FLOP/s, optional) the flat compute roof. A kernel under the slanted roof
     is memory-bound: its best possible speed is ``intensity * bandwidth``, and
@@ -120,8 +123,9 @@ def draw_roofline(points, peak_bandwidth: float, peak_flops: float | None = None
                 raise InvalidArgument(f"points[{i}] has no {key!r}")
         if not (pt["flops"] > 0 and pt["bytes"] > 0 and pt["seconds"] > 0):
             raise InvalidArgument(f"points[{i}]: flops, bytes and seconds must be > 0")
+    legend_outside = ax is None and len(points) > 6   # a long legend would hide the dots
     if ax is None:
-        fig, ax = plt.subplots(figsize=(6.5, 4))
+        fig, ax = plt.subplots(figsize=(9, 4) if legend_outside else (6.5, 4))
     else:
         fig = ax.figure
     intensity = np.array([p["flops"] / p["bytes"] for p in points])   # [n] FLOP/byte
@@ -133,16 +137,55 @@ def draw_roofline(points, peak_bandwidth: float, peak_flops: float | None = None
     roof = x * peak_bandwidth if not peak_flops else np.minimum(x * peak_bandwidth, peak_flops)
     ax.loglog(x, roof, color="black", linewidth=1.5, label="roofline")
     for i, p in enumerate(points):
-        ax.loglog(intensity[i], speed[i], "o", markersize=7, label=p["label"])
+        ax.loglog(intensity[i], speed[i], p.get("marker", "o"), markersize=7, label=p["label"],
+                  color=p.get("color"))
         frac = speed[i] / min(intensity[i] * peak_bandwidth, peak_flops or np.inf)
+        left = p.get("marker", "o") != "o"          # a paired dot: its number on the left
         ax.annotate(f"{frac:.0%}", (intensity[i], speed[i]), textcoords="offset points",
-                    xytext=(6, -10), fontsize=7)
+                    xytext=(-6, -10) if left else (6, -10), ha="right" if left else "left",
+                    fontsize=7)
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("FLOP / s")
-    ax.legend(fontsize=7, loc="upper left")
+    if legend_outside:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    else:
+        ax.legend(fontsize=7, loc="upper left")
     ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
     ax.set_title(title or f"roofline: memory roof {peak_bandwidth / 1e9:.1f} GB/s"
                  + (f", compute roof {peak_flops / 1e9:.0f} GFLOP/s" if peak_flops else ""),
                  fontsize=9, loc="left")
+    fig.tight_layout()
+    return fig
+
+
+def draw_page_sweep(rows, ax=None, title: str = "decode across page sizes"):
+    """Decode speed (GB/s of K/V) against page size, one bar per K layout.
+
+    ``rows``: the bench's ``page_sweep`` rows, ``{"page_size", "gbs_hnd",
+    "gbs_k_transposed"}``; a layout's bar is left out where its key is. Rows
+    written before the layouts existed hold one ``gbs``, which is hnd's.
+    """
+    plt = pyplot()
+    if not rows:
+        raise InvalidArgument("rows is empty: there is nothing to draw")
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(5.5, 2.8))
+    else:
+        fig = ax.figure
+    gbs = {layout: [r.get(f"gbs_{layout}", r.get("gbs") if layout == "hnd" else None)
+                    for r in rows] for layout in K_LAYOUTS}         # {layout: [n] GB/s or None}
+    shown = [layout for layout in K_LAYOUTS if any(g is not None for g in gbs[layout])]
+    if not shown:
+        raise InvalidArgument("no row holds gbs, gbs_hnd or gbs_k_transposed")
+    x, width = np.arange(len(rows)), 0.8 / len(shown)
+    for i, layout in enumerate(shown):
+        ys = [np.nan if g is None else g for g in gbs[layout]]
+        ax.bar(x + (i - (len(shown) - 1) / 2) * width, ys, width, label=K_LAYOUTS[layout],
+               color=("#4c72b0", "#dd8452")[i])
+    ax.set_xticks(x, [str(r["page_size"]) for r in rows])
+    ax.set_xlabel("page size (tokens)")
+    ax.set_ylabel("GB/s of K/V")
+    ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=9, loc="left")
     fig.tight_layout()
     return fig
