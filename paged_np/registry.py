@@ -171,9 +171,10 @@ KV_FORMATS.register("fp8_e4m3", None, "1 byte (e4m3 bits) + a scale per token-he
 
 #: How a page lays out K (``kv_layout``; V is as in hnd): the host arena class that stores it.
 KV_LAYOUTS = Registry("kv_layout", "KV page layouts")
-KV_LAYOUTS.register("hnd", "paged_np.cache.arena:Arena", "K, V pages [page_size, head_dim] (HND)")
+KV_LAYOUTS.register("hnd", "paged_np.cache.arena:Arena", "K, V [page, head_dim]", label="K hnd")
 KV_LAYOUTS.register("k_transposed", "paged_np.cache.kv_layouts:KTransposedArena",
-                    "K pages [head_dim, page_size]: vLLM's key cache, a page's scores as FMAs")
+                    "K pages [head_dim, page_size]: vLLM's key cache, a page's scores as FMAs",
+                    label="K transposed")
 
 #: Where the arena lives (``PagedKVCache(cfg, device=)``): classes with the
 #: :class:`~paged_np.cache.arena.Arena` methods (write, copy_page, read_pages, write_slots).

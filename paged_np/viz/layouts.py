@@ -35,10 +35,11 @@ import numpy as np
 
 from ..checks import check_int, check_positive_int
 from ..errors import InvalidArgument
+from ..registry import KV_LAYOUTS
 from .arena import pyplot
 
 #: The K-page layouts, as ``kv_layout`` names them, and how the figures label them.
-K_LAYOUTS = {"hnd": "K hnd", "k_transposed": "K transposed"}
+K_LAYOUTS = {name: entry.label for name, entry in KV_LAYOUTS.items()}
 #: float32 lanes of one 512-bit vector load.
 LANES = 16
 
