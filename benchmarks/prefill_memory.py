@@ -6,15 +6,18 @@
 The decode kernel allocates nothing that grows with the context. The prefill
 path (:mod:`paged_np.attention.numba_prefill`) does: for each kv head it
 gathers the sequence's K and V into contiguous float32 buffers (``n_keys *
-head_dim`` floats each) and keeps one score buffer ``S`` of ``min(n_q, Q_TILE)
-* G * n_keys`` floats (``G = num_heads // num_kv_heads``). So its workspace is
+head_dim`` floats each). Its score buffer ``S`` holds one key block of a query
+tile, ``min(n_q, Q_TILE) * G * min(n_keys, K_TILE)`` floats (``G = num_heads //
+num_kv_heads``): the tile's softmax runs online over blocks of ``K_TILE`` keys,
+FlashAttention-2's loop order, so ``S`` no longer grows with the context. So
+its workspace is
 
-    bound = 4 bytes * (n_keys * (min(n_q, Q_TILE) * G + 3 * head_dim)
-                       + 3 * n_q * G * head_dim)
+    bound = 4 bytes * (min(n_q, Q_TILE) * G * min(n_keys, K_TILE)
+                       + 3 * n_keys * head_dim + 4 * n_q * G * head_dim)
 
 (``3 * head_dim``: K and V of one kv head, plus the next head's K gathered
 while the last one is still referenced; the last term: one kv head's scaled
-queries, a tile's output and slack for NumPy's temporaries). This script
+queries, a tile's running output, its block product and its normalised copy). This script
 runs the last 128-query chunk of a prompt of each context length (a chunked
 prefill's most expensive chunk) on a Llama-3-8B-like layer (32 query heads,
 8 kv heads, head_dim 128, page 16, float32) and reports the peak of what
@@ -31,14 +34,15 @@ from pathlib import Path
 
 import numpy as np
 
-from paged_np.attention.numba_prefill import Q_TILE, attend_sequence
+from paged_np.attention.numba_prefill import K_TILE, Q_TILE, attend_sequence
 
 H, HKV, D, PAGE, N_Q = 32, 8, 128, 16, 128
 
 
 def bound_bytes(n_keys: int, n_q: int = N_Q, group: int = H // HKV, head_dim: int = D) -> int:
     """The workspace bound of the module docstring, in bytes."""
-    return 4 * (n_keys * (min(n_q, Q_TILE) * group + 3 * head_dim) + 3 * n_q * group * head_dim)
+    return 4 * (min(n_q, Q_TILE) * group * min(n_keys, K_TILE) + 3 * n_keys * head_dim
+                + 4 * n_q * group * head_dim)
 
 
 def measure(context: int, n_q: int = N_Q) -> int:
@@ -69,7 +73,8 @@ def main(argv=None) -> int:
              f"`python benchmarks/prefill_memory.py`: the last {N_Q}-query chunk of a prompt, "
              f"{H} query heads / {HKV} kv heads, head_dim {D}, page {PAGE}, float32. "
              "*Peak*: the most NumPy held at once during the call (tracemalloc); *bound*: "
-             "`4 B * (n_keys * (min(n_q, Q_TILE) * G + 3 * head_dim) + 3 * n_q * G * head_dim)`.",
+             "`4 B * (min(n_q, Q_TILE) * G * min(n_keys, K_TILE) + 3 * n_keys * head_dim "
+             "+ 4 * n_q * G * head_dim)`.",
              "",
              "| context | peak MiB | bound MiB | peak / bound |", "|---|---|---|---|"]
     for ctx in contexts:

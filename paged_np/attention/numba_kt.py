@@ -39,6 +39,7 @@ from numba.core.extending import intrinsic
 
 from ..config import JIT_OPTIONS
 from ..quant.simd import (
+    HAS_AVX512,
     LANES,
     V_F32,
     F32x16,
@@ -92,26 +93,72 @@ def tile_scores_kt(qt, qtt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
     if kp.itemsize != 4 or kp.shape[3] % LANES:  # float32 is the one 4-byte format
         tile_scores_kt_any(qt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid)
         return
-    D, P, R = kp.shape[2], kp.shape[3], qtt.shape[1]
+    D, P = kp.shape[2], kp.shape[3]
     base = (pid * kp.shape[1] + kvh) * D * P           # flat offset of the page's tile
     pbase = ((next_pid if next_pid >= 0 else pid) * kp.shape[1] + kvh) * D * P
-    W = s.shape[1]                                     # s, qtt are C-contiguous
     for t0 in range(0, min(n_keys, P), LANES):         # 16 keys per vector
-        for r in range(r0, r1, 4):
-            a0, a1, a2, a3 = zeros_f32(), zeros_f32(), zeros_f32(), zeros_f32()
-            for d in range(D):
-                prefetch_l2(kp, pbase + d * P + t0)    # the next page (a hint, never waits)
-                k = load_f32(kp, base + d * P + t0)    # K_T[d, t0:t0+16]
-                i = d * R + r                          # qtt[d, r:r+4], flat
-                a0 = fmadd(splat_at(qtt, i), k, a0)
-                a1 = fmadd(splat_at(qtt, i + 1), k, a1)
-                a2 = fmadd(splat_at(qtt, i + 2), k, a2)
-                a3 = fmadd(splat_at(qtt, i + 3), k, a3)
-            c = col0 + t0
-            store_f32(s, r * W + c, a0)
-            store_f32(s, (r + 1) * W + c, a1)
-            store_f32(s, (r + 2) * W + c, a2)
-            store_f32(s, (r + 3) * W + c, a3)
+        r = r0
+        while r < r1:                                  # eight rows at a time where they fit
+            if WIDE and r + 8 <= r1:
+                _scores_8(qtt, kp, s, base + t0, pbase + t0, P, D, r, col0 + t0)
+                r += 8
+            else:
+                _scores_4(qtt, kp, s, base + t0, pbase + t0, P, D, r, col0 + t0)
+                r += 4
+
+
+#: Eight rows per pass where the target has 32 vector registers (8 sums and a key
+#: vector fit); four on AVX2's 16 (a 16-lane vector is two of its registers there).
+WIDE = HAS_AVX512
+
+
+@njit(**JIT_OPTIONS)
+def _scores_4(qtt, kp, s, k0, p0, P, D, r, c):
+    """``s[r:r+4, c:c+16] = qt[r:r+4] @ K_T[:, 16 keys]``, the keys at flat ``k0 + d * P``;
+    prefetches the line at ``p0 + d * P`` as it goes."""
+    R, W = qtt.shape[1], s.shape[1]                    # s, qtt are C-contiguous
+    a0, a1, a2, a3 = zeros_f32(), zeros_f32(), zeros_f32(), zeros_f32()
+    for d in range(D):
+        prefetch_l2(kp, p0 + d * P)                    # the next page (a hint, never waits)
+        k = load_f32(kp, k0 + d * P)                   # K_T[d, t0:t0+16]
+        i = d * R + r                                  # qtt[d, r:r+4], flat
+        a0 = fmadd(splat_at(qtt, i), k, a0)
+        a1 = fmadd(splat_at(qtt, i + 1), k, a1)
+        a2 = fmadd(splat_at(qtt, i + 2), k, a2)
+        a3 = fmadd(splat_at(qtt, i + 3), k, a3)
+    store_f32(s, r * W + c, a0)
+    store_f32(s, (r + 1) * W + c, a1)
+    store_f32(s, (r + 2) * W + c, a2)
+    store_f32(s, (r + 3) * W + c, a3)
+
+
+@njit(**JIT_OPTIONS)
+def _scores_8(qtt, kp, s, k0, p0, P, D, r, c):
+    """:func:`_scores_4` for eight rows: each key vector loaded feeds eight FMAs, enough
+    independent sums to keep both FMA units busy through their latency (prefill)."""
+    R, W = qtt.shape[1], s.shape[1]
+    a0, a1, a2, a3 = zeros_f32(), zeros_f32(), zeros_f32(), zeros_f32()
+    a4, a5, a6, a7 = zeros_f32(), zeros_f32(), zeros_f32(), zeros_f32()
+    for d in range(D):
+        prefetch_l2(kp, p0 + d * P)
+        k = load_f32(kp, k0 + d * P)
+        i = d * R + r
+        a0 = fmadd(splat_at(qtt, i), k, a0)
+        a1 = fmadd(splat_at(qtt, i + 1), k, a1)
+        a2 = fmadd(splat_at(qtt, i + 2), k, a2)
+        a3 = fmadd(splat_at(qtt, i + 3), k, a3)
+        a4 = fmadd(splat_at(qtt, i + 4), k, a4)
+        a5 = fmadd(splat_at(qtt, i + 5), k, a5)
+        a6 = fmadd(splat_at(qtt, i + 6), k, a6)
+        a7 = fmadd(splat_at(qtt, i + 7), k, a7)
+    store_f32(s, r * W + c, a0)
+    store_f32(s, (r + 1) * W + c, a1)
+    store_f32(s, (r + 2) * W + c, a2)
+    store_f32(s, (r + 3) * W + c, a3)
+    store_f32(s, (r + 4) * W + c, a4)
+    store_f32(s, (r + 5) * W + c, a5)
+    store_f32(s, (r + 6) * W + c, a6)
+    store_f32(s, (r + 7) * W + c, a7)
 
 
 @njit(**JIT_OPTIONS)
@@ -154,20 +201,63 @@ def accumulate_pv_kt(p, vp, pid, kvh, acc, r0, r1, col0, n_keys, next_pid):
     P = vp.shape[2]
     base = (pid * vp.shape[1] + kvh) * P * D           # flat offset of the page's tile
     pbase = ((next_pid if next_pid >= 0 else pid) * vp.shape[1] + kvh) * P * D
+    for c in range(0, D, LANES):
+        r = r0
+        while r < r1:                                  # eight rows at a time where they fit
+            if WIDE and r + 8 <= r1:
+                _values_8(p, vp, acc, base + c, pbase + c, D, r, c, col0, n_keys)
+                r += 8
+            else:
+                _values_4(p, vp, acc, base + c, pbase + c, D, r, c, col0, n_keys)
+                r += 4
+
+
+@njit(**JIT_OPTIONS)
+def _values_4(p, vp, acc, v0, p0, D, r, c, col0, n_keys):
+    """``acc[r:r+4, c:c+16] += p[r:r+4, col0:col0+n_keys] @ V[:n_keys, c:c+16]``, V's row
+    ``t`` at flat ``v0 + t * D``; prefetches the line at ``p0 + t * D`` as it goes."""
     W = p.shape[1]                                     # p and acc are C-contiguous
-    for r in range(r0, r1, 4):
-        for c in range(0, D, LANES):
-            a0, a1 = load_f32(acc, r * D + c), load_f32(acc, (r + 1) * D + c)
-            a2, a3 = load_f32(acc, (r + 2) * D + c), load_f32(acc, (r + 3) * D + c)
-            for t in range(n_keys):
-                prefetch_l2(vp, pbase + t * D + c)     # the next page (a hint)
-                v = load_f32(vp, base + t * D + c)     # V[t, c:c+16]
-                pc = col0 + t
-                a0 = fmadd(splat_at(p, r * W + pc), v, a0)
-                a1 = fmadd(splat_at(p, (r + 1) * W + pc), v, a1)
-                a2 = fmadd(splat_at(p, (r + 2) * W + pc), v, a2)
-                a3 = fmadd(splat_at(p, (r + 3) * W + pc), v, a3)
-            store_f32(acc, r * D + c, a0)
-            store_f32(acc, (r + 1) * D + c, a1)
-            store_f32(acc, (r + 2) * D + c, a2)
-            store_f32(acc, (r + 3) * D + c, a3)
+    a0, a1 = load_f32(acc, r * D + c), load_f32(acc, (r + 1) * D + c)
+    a2, a3 = load_f32(acc, (r + 2) * D + c), load_f32(acc, (r + 3) * D + c)
+    for t in range(n_keys):
+        prefetch_l2(vp, p0 + t * D)                    # the next page (a hint)
+        v = load_f32(vp, v0 + t * D)                   # V[t, c:c+16]
+        i = r * W + col0 + t                           # p[r, col0 + t], flat
+        a0 = fmadd(splat_at(p, i), v, a0)
+        a1 = fmadd(splat_at(p, i + W), v, a1)
+        a2 = fmadd(splat_at(p, i + 2 * W), v, a2)
+        a3 = fmadd(splat_at(p, i + 3 * W), v, a3)
+    store_f32(acc, r * D + c, a0)
+    store_f32(acc, (r + 1) * D + c, a1)
+    store_f32(acc, (r + 2) * D + c, a2)
+    store_f32(acc, (r + 3) * D + c, a3)
+
+
+@njit(**JIT_OPTIONS)
+def _values_8(p, vp, acc, v0, p0, D, r, c, col0, n_keys):
+    """:func:`_values_4` for eight rows (prefill): a value vector feeds eight FMAs."""
+    W = p.shape[1]
+    a0, a1 = load_f32(acc, r * D + c), load_f32(acc, (r + 1) * D + c)
+    a2, a3 = load_f32(acc, (r + 2) * D + c), load_f32(acc, (r + 3) * D + c)
+    a4, a5 = load_f32(acc, (r + 4) * D + c), load_f32(acc, (r + 5) * D + c)
+    a6, a7 = load_f32(acc, (r + 6) * D + c), load_f32(acc, (r + 7) * D + c)
+    for t in range(n_keys):
+        prefetch_l2(vp, p0 + t * D)
+        v = load_f32(vp, v0 + t * D)
+        i = r * W + col0 + t
+        a0 = fmadd(splat_at(p, i), v, a0)
+        a1 = fmadd(splat_at(p, i + W), v, a1)
+        a2 = fmadd(splat_at(p, i + 2 * W), v, a2)
+        a3 = fmadd(splat_at(p, i + 3 * W), v, a3)
+        a4 = fmadd(splat_at(p, i + 4 * W), v, a4)
+        a5 = fmadd(splat_at(p, i + 5 * W), v, a5)
+        a6 = fmadd(splat_at(p, i + 6 * W), v, a6)
+        a7 = fmadd(splat_at(p, i + 7 * W), v, a7)
+    store_f32(acc, r * D + c, a0)
+    store_f32(acc, (r + 1) * D + c, a1)
+    store_f32(acc, (r + 2) * D + c, a2)
+    store_f32(acc, (r + 3) * D + c, a3)
+    store_f32(acc, (r + 4) * D + c, a4)
+    store_f32(acc, (r + 5) * D + c, a5)
+    store_f32(acc, (r + 6) * D + c, a6)
+    store_f32(acc, (r + 7) * D + c, a7)

@@ -14,39 +14,41 @@ long chunk of queries this module does, per (kv head, tile of query positions):
    does ``O(T)`` work per key, so the ``O(1)`` copy is cheap; decode never does
    this). With ``kv_layout="k_transposed"`` the K pages already hold ``K.T``
    per page, gathered as they are (:func:`_gather_k`).
-2. ``S = Q @ K.T`` with BLAS: ``[rows, n_keys]``, where the ``rows`` are the
-   tile's queries times the ``G`` query heads that share the kv head (GQA),
-   and the keys stop at the tile's last position (causal).
-3. The softmax: :func:`_mask_invisible` marks the keys each row may not see
-   (causal, sliding window), NumPy finds each row's max, and
-   :func:`_exp2_rows` (Numba, one thread) turns ``S`` into
+2. Then, for each block of ``K_TILE`` keys (FlashAttention-2's loop order: a
+   tile of queries stays put while the key blocks stream past it):
+   ``S = Q @ K.T`` with BLAS, ``[rows, K_TILE]``, where the ``rows`` are the
+   tile's queries times the ``G`` query heads that share the kv head (GQA);
+   the keys stop at the tile's last position (causal).
+3. The block's softmax: :func:`_mask_invisible` marks the keys each row may
+   not see (causal, sliding window; only blocks that hold some), NumPy finds
+   each row's max, and :func:`_exp2_rows` (Numba, one thread) turns ``S`` into
    ``P = 2**(S - max)`` in place and sums each row.
-4. ``O = P @ V`` with BLAS, then divide by the sums.
+4. ``O = O * alpha + P @ V`` with BLAS (:class:`_State`: ``alpha`` shrinks what
+   earlier blocks summed when a row's max grows, as in the decode kernel's
+   online softmax); after the last block, divide by the sums.
 
-This is the textbook, non-streaming attention, tile by tile: the tile's ``S``
-exists in full (``Q_TILE * G * n_keys`` floats, a few MiB), which is why it
-runs only in prefill, where memory ``O(chunk)`` is allowed. The causal mask
+A block's ``S`` (``Q_TILE * G * K_TILE`` floats, 1 MiB at G = 4) stays in L2
+from its product through the softmax to the second product; the whole row
+of a late tile (``[512, 2048]``, 4 MiB at 2048 tokens, as this module first
+computed it) went out to the last-level cache and back three times, and
+under load from other processes that version ran several times slower
+(``benchmarks/prefill_tiles.py`` compares them). The causal mask
 wastes the upper triangle of the last ``Q_TILE`` keys of each tile (about
 ``Q_TILE / T`` more work than the exact causal half: 6% at 2048 tokens). BLAS and Numba take
-turns on the cores, never at the same time. On the 2-core bench machine
-this runs causal prefill of 2048 tokens at about the speed of PyTorch's
-``scaled_dot_product_attention`` (a fused kernel), 85% of it in the two
-matrix products.
+turns on the cores, never at the same time.
 
 **Memory: the one place a step allocates with the context.** Per call this
-path holds ``S`` (``min(n_q, Q_TILE) * G * n_keys`` floats) and one kv
-head's gathered K and V (``n_keys * head_dim`` floats each), against the
-rule that no step allocates memory growing with the context: for the last
+path holds one kv head's gathered K and V (``n_keys * head_dim`` floats
+each), against the rule that no step allocates memory growing with the
+context, and ``S`` of one key block, which does not grow: for the last
 128-query chunk of a 32K-token prompt on a Llama-3-8B-like layer (G = 4,
-head_dim 128), S alone is 64 MiB and the measured peak is 112.5 MiB.
-``benchmarks/prefill_memory.py`` states the bound and measures it
-(``benchmarks/prefill_memory.md``); tests/test_prefill_memory.py checks it.
-Tiling over keys (a streaming softmax, as the decode kernel does) would
-bound it by ``Q_TILE * G * key_tile``.
+head_dim 128) the measured peak is 49.8 MiB (112.5 MiB when ``S`` held a
+tile's every key). ``benchmarks/prefill_memory.py`` states the bound and
+measures it (``benchmarks/prefill_memory.md``); tests/test_prefill_memory.py
+checks it.
 
 Simplified compared with FlashAttention on a GPU: no fusion of the three
-steps (S goes through the cache), no skipping of fully masked key blocks
-inside a tile.
+steps (S goes through L2 between them).
 """
 
 from __future__ import annotations
@@ -55,12 +57,14 @@ import numpy as np
 from numba import njit
 
 from ..config import JIT_OPTIONS
-from .numba_kernels import LN2, LOG2E, MASKED, exp2
+from .numba_kernels import EMPTY, LN2, LOG2E, MASKED, exp2
 from .numpy_paged import to_float32
 
-#: Query positions per tile (times G rows): big enough for BLAS to run near
-#: its peak, small enough that ``S`` stays in the last-level cache.
+#: Query positions per tile (times G rows): big enough for BLAS to run near its peak.
 Q_TILE = 128
+#: Keys per block of a tile: ``S`` (``Q_TILE * G * K_TILE`` floats, 1 MiB at G = 4)
+#: stays in L2 between the two products and the softmax.
+K_TILE = 512
 
 
 @njit(**JIT_OPTIONS)
@@ -151,9 +155,9 @@ def attend_sequence(q, k_pages, v_pages, bt_row, seq_len, t0, n_q, scale, window
     pages = bt_row[page_lo:page_hi]
     qs = np.float32(scale) * LOG2E  # scores in log2 units, as in the kernel
     rows_max = min(n_q, Q_TILE) * G
-    # One buffer for every tile's S (fresh 4 MiB arrays would page-fault each time).
+    # One buffer for every key block's S (fresh arrays would page-fault each time).
     sinks = sinks if window > 0 and seq_len - window > 0 else 0  # some query loses sinks
-    s_buf = np.empty(rows_max * (sinks + seq_len - base), np.float32)
+    s_buf = np.empty(rows_max * max(min(K_TILE, seq_len - base), sinks), np.float32)
     for kvh in range(num_kv_heads):
         heads = slice(kvh * G, (kvh + 1) * G)
         ks = None if k_scales is None else k_scales[pages, kvh]          # [n_pages, P]
@@ -172,21 +176,46 @@ def attend_sequence(q, k_pages, v_pages, bt_row, seq_len, t0, n_q, scale, window
             i1 = min(n_q, i0 + Q_TILE)
             p0, p1 = first_pos + i0, first_pos + i1 - 1  # positions of the tile's queries
             lo = max(0, p0 - window + 1) if window > 0 else 0
-            keys = slice(lo - base, p1 + 1 - base)  # [lo, p1] in buffer rows
             qt = qh[i0:i1].reshape(-1, D)  # [rows, D], rows = (i1 - i0) * G
-            ns = sinks if sinks and p1 - window + 1 > 0 else 0  # sink columns of this tile
-            s_all = s_buf[:qt.shape[0] * (ns + p1 + 1 - lo)].reshape(qt.shape[0], -1)
-            s = s_all[:, ns:]  # [rows, n_keys]: the window's keys
-            np.matmul(qt, kt[:, keys], out=s)  # BLAS
-            _mask_invisible(s, p0, G, lo, window)
-            if ns:  # [rows, ns]: the sinks the window leaves out
-                _sink_scores(qhs[i0:i1].reshape(-1, D), ksk, s_all[:, :ns], p0, G, window)
-            m = s_all.max(axis=1)  # [rows] (every row sees at least its own key)
-            l = np.empty_like(m)
-            _exp2_rows(s_all, m, l)  # s_all becomes the weights P
-            o = s @ vc[keys]  # [rows, D]   (BLAS)
-            if ns:
-                o += s_all[:, :ns] @ vsk  # [rows, D] the sinks' share
-            o /= l[:, None]
+            rows = qt.shape[0]
+            state = _State(rows, D)
+            if sinks and p1 - window + 1 > 0:  # first the sinks some row's window leaves out
+                s = s_buf[:rows * sinks].reshape(rows, sinks)
+                _sink_scores(qhs[i0:i1].reshape(-1, D), ksk, s, p0, G, window)
+                state.fold(s, vsk)
+            for j0 in range(lo, p1 + 1, K_TILE):  # then the window's keys, a block at a time
+                j1 = min(p1 + 1, j0 + K_TILE)
+                s = s_buf[:rows * (j1 - j0)].reshape(rows, j1 - j0)
+                np.matmul(qt, kt[:, j0 - base:j1 - base], out=s)  # BLAS
+                if j1 - 1 > p0 or (window > 0 and j0 <= p1 - window):  # some key invisible
+                    _mask_invisible(s, p0, G, j0, window)
+                state.fold(s, vc[j0 - base:j1 - base])
+            o, tile_lse = state.finish()
             out[t0 + i0:t0 + i1, heads] = o.reshape(i1 - i0, G, D)
-            lse[t0 + i0:t0 + i1, heads] = ((m + np.log2(l)) * LN2).reshape(i1 - i0, G)
+            lse[t0 + i0:t0 + i1, heads] = tile_lse.reshape(i1 - i0, G)
+
+
+class _State:
+    """One query tile's online softmax over key blocks (FlashAttention-2's loop order):
+    the running max ``m`` and sum ``l`` of each row (log2 units) and its output ``o``."""
+
+    def __init__(self, rows: int, D: int):
+        self.m = np.full(rows, EMPTY, np.float32)
+        self.l = np.zeros(rows, np.float32)
+        self.o = np.zeros((rows, D), np.float32)
+
+    def fold(self, s, v):
+        """Fold a block's scores ``s`` [rows, n] (masked ones :data:`MASKED`) and its values
+        ``v`` [n, D] in; ``s`` becomes the block's weights."""
+        m_new = np.maximum(self.m, s.max(axis=1))  # [rows]
+        block_sum = np.empty_like(m_new)
+        _exp2_rows(s, m_new, block_sum)  # s = 2**(s - m_new): the weights P
+        alpha = np.exp2(self.m - m_new)  # how much the old sums shrink (0 for EMPTY)
+        self.l = self.l * alpha + block_sum
+        self.o *= alpha[:, None]
+        self.o += s @ v  # [rows, D]   (BLAS)
+        self.m = m_new
+
+    def finish(self):
+        """The normalised output [rows, D] and log-sum-exp [rows] (natural log)."""
+        return self.o / self.l[:, None], (self.m + np.log2(self.l)) * LN2
