@@ -55,6 +55,8 @@ def _items(q2, kp, vp, bt, w0, w1, n_kv, parts, prefetch, four_keys, kt):
     RT = n_kv * G
     qt = np.empty((RT, D), np.float32)
     qtt = np.empty((D, RT), np.float32)
+    kw = np.empty((1, 1, D, P), np.float32)  # transposed K pages widened (float16)
+    vw = np.empty((1, 1, P, D), np.float32)
     s = np.ones((RT, KB), np.float32)
     m = np.empty(RT, np.float32)
     l = np.empty(RT, np.float32)
@@ -81,7 +83,7 @@ def _items(q2, kp, vp, bt, w0, w1, n_kv, parts, prefetch, four_keys, kt):
                     for h in range(n_kv):
                         if kt:
                             kt_kernels.tile_scores_kt(qt, qtt, kp, bt[b, j], kvh0 + h, s, h * G,
-                                                      (h + 1) * G, (j - blk) * P, P, nxt)
+                                                      (h + 1) * G, (j - blk) * P, P, nxt, kw)
                         elif four_keys:
                             nk.tile_scores_4x4(qt, kp, bt[b, j], kvh0 + h, s, h * G,
                                                (h + 1) * G, (j - blk) * P, P, nxt)
@@ -96,7 +98,8 @@ def _items(q2, kp, vp, bt, w0, w1, n_kv, parts, prefetch, four_keys, kt):
                     for h in range(n_kv):
                         if kt:
                             kt_kernels.accumulate_pv_kt(s, vp, bt[b, j], kvh0 + h, acc_pv,
-                                                        h * G, (h + 1) * G, (j - blk) * P, P, nxt)
+                                                        h * G, (h + 1) * G, (j - blk) * P, P,
+                                                        nxt, vw)
                         else:
                             nk.accumulate_pv(s, vp, bt[b, j], kvh0 + h, acc_pv, h * G,
                                              (h + 1) * G, (j - blk) * P, P, nxt)

@@ -332,7 +332,9 @@ def test_transposed_score_tile_and_vector_values_agree_with_numpy(page_size, n_k
     bits = kp.view(np.uint16) if kv_dtype == np.float16 else kp
     want = qt[4:8] @ kp[2, 1, :, :n_keys].astype(np.float32)  # rows 4..7, page 2, kv head 1
     s = np.full((8, 48), np.nan, np.float32)
-    numba_kt.tile_scores_kt(qt, np.ascontiguousarray(qt.T), bits, 2, 1, s, 4, 8, 5, n_keys, 0)
+    kw = np.empty((1, 1, 32, page_size), np.float32)  # a float16 page is widened here
+    numba_kt.tile_scores_kt(qt, np.ascontiguousarray(qt.T), bits, 2, 1, s, 4, 8, 5, n_keys, 0,
+                            kw)
     np.testing.assert_allclose(s[4:8, 5:5 + n_keys], want, rtol=1e-5, atol=1e-5)
     assert np.isnan(s[:4]).all() and np.isnan(s[4:8, 5 + page_size:]).all()
     vp = rng.standard_normal((3, 2, page_size, 32), np.float32).astype(kv_dtype)
@@ -341,7 +343,8 @@ def test_transposed_score_tile_and_vector_values_agree_with_numpy(page_size, n_k
     want = acc[4:8] + p[4:8, 5:5 + n_keys] @ vp[0, 1, :n_keys].astype(np.float32)
     vbits = vp.view(np.uint16) if kv_dtype == np.float16 else vp
     before = acc.copy()
-    numba_kt.accumulate_pv_kt(p, vbits, 0, 1, acc, 4, 8, 5, n_keys, 2)
+    numba_kt.accumulate_pv_kt(p, vbits, 0, 1, acc, 4, 8, 5, n_keys, 2,
+                              np.empty((1, 1, page_size, 32), np.float32))
     np.testing.assert_allclose(acc[4:8], want, rtol=1e-5, atol=1e-5)
     assert np.array_equal(acc[:4], before[:4])
 

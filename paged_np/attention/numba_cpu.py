@@ -149,6 +149,10 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, kl
         for d in range(D):
             acc[rt, d] = 0.0  # running sum of weight * v   [RT, D]
     PB = KB // P  # pages per block
+    # Transposed-K tiles widen float16 and 8-bit pages into a float32 page first.
+    wide = (P, D) if k_transposed and k_pages.itemsize != 4 else (0, 0)
+    kw = np.empty((1, 1, wide[1], wide[0]), np.float32)  # [1, 1, D, P]
+    vw = np.empty((1, 1, wide[0], wide[1]), np.float32)  # [1, 1, P, D]
     # Phase 0: the sinks some row's window leaves out; phase 1: the window.
     first_phase = 0 if sinks > 0 and window > 0 and last_pos - window + 1 > 0 else 1
     for phase in range(first_phase, 2):
@@ -169,7 +173,7 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, kl
                 for h in range(n_kv):  # the kv heads' tiles of a page lie side by side
                     if k_transposed:
                         tile_scores_kt(qt, qtt, k_pages, bt_row[j], kvh0 + h, s, h * R4,
-                                       (h + 1) * R4, c, min(n - c, P), nxt)
+                                       (h + 1) * R4, c, min(n - c, P), nxt, kw)
                     else:
                         tile_scores(qt, k_pages, bt_row[j], kvh0 + h, s, h * R4,
                                     (h + 1) * R4, c, min(n - c, P), nxt)
@@ -193,7 +197,7 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, kl
                 for h in range(n_kv):
                     if k_transposed:
                         accumulate_pv_kt(s, v_pages, bt_row[j], kvh0 + h, acc, h * R4,
-                                         (h + 1) * R4, c, min(n - c, P), nxt)
+                                         (h + 1) * R4, c, min(n - c, P), nxt, vw)
                     else:
                         accumulate_pv(s, v_pages, bt_row[j], kvh0 + h, acc, h * R4,
                                       (h + 1) * R4, c, min(n - c, P), nxt)

@@ -39,6 +39,7 @@ from numba.core.extending import intrinsic
 
 from ..config import JIT_OPTIONS
 from ..quant.simd import (
+    CACHE_LINE,
     HAS_AVX512,
     LANES,
     V_F32,
@@ -78,7 +79,7 @@ def fmadd(a, b, c):
 
 
 @njit(**JIT_OPTIONS)
-def tile_scores_kt(qt, qtt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
+def tile_scores_kt(qt, qtt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid, kw):
     """``s[r0:r1, col0:col0+P] = qt[r0:r1] @ kp[pid, kvh]`` for a transposed page ``[D, P]``.
 
     ``qtt`` is ``qt`` transposed (``[D, rows]``): the four rows' ``q[d]`` then
@@ -89,10 +90,38 @@ def tile_scores_kt(qt, qtt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
     (:func:`~paged_np.attention.numba_kernels.pad_block`) or never reads.
     ``r1 - r0`` is a multiple of 4. As it reads the page it prefetches the
     next one, ``kp[next_pid, kvh]`` (``< 0``: none), a cache line per vector.
+
+    Pages of float16 bits or 8-bit codes are first widened whole into ``kw``
+    (float32 ``[1, 1, D, P]``, :func:`widen_tile`) and scored from there: the
+    widening vectorises, and the scores then take the same vector tile.
     """
-    if kp.itemsize != 4 or kp.shape[3] % LANES:  # float32 is the one 4-byte format
+    if kp.shape[3] % LANES:
         tile_scores_kt_any(qt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid)
-        return
+    elif kp.itemsize != 4:  # float32 is the one 4-byte format
+        widen_tile(kp, pid, kvh, kw, next_pid)
+        _tile_scores_vectors(qtt, kw, 0, 0, s, r0, r1, col0, n_keys, -1)
+    else:
+        _tile_scores_vectors(qtt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid)
+
+
+@njit(**JIT_OPTIONS)
+def widen_tile(src, pid, kvh, dst, next_pid):
+    """``dst[0, 0] = src[pid, kvh]`` widened to float32 (:func:`to_f32`), and a prefetch
+    of every cache line of the tile ``src[next_pid, kvh]`` (``< 0``: none)."""
+    n = src.shape[2] * src.shape[3]                    # the tile: n contiguous elements
+    flat, out = src.reshape(-1), dst.reshape(-1)       # views (both are C-contiguous)
+    start = (pid * src.shape[1] + kvh) * n
+    for i in range(n):                                 # one loop LLVM vectorises
+        out[i] = to_f32(flat[start + i])
+    if next_pid >= 0:
+        start = (next_pid * src.shape[1] + kvh) * n
+        for i in range(start, start + n, CACHE_LINE // src.itemsize):
+            prefetch_l2(src, i)
+
+
+@njit(**JIT_OPTIONS)
+def _tile_scores_vectors(qtt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
+    """:func:`tile_scores_kt` for float32 pages of 16k keys, 16 keys per vector."""
     D, P = kp.shape[2], kp.shape[3]
     base = (pid * kp.shape[1] + kvh) * D * P           # flat offset of the page's tile
     pbase = ((next_pid if next_pid >= 0 else pid) * kp.shape[1] + kvh) * D * P
@@ -183,7 +212,7 @@ def tile_scores_kt_any(qt, kp, pid, kvh, s, r0, r1, col0, n_keys, next_pid):
 
 
 @njit(**JIT_OPTIONS)
-def accumulate_pv_kt(p, vp, pid, kvh, acc, r0, r1, col0, n_keys, next_pid):
+def accumulate_pv_kt(p, vp, pid, kvh, acc, r0, r1, col0, n_keys, next_pid, vw):
     """``acc[r0:r1] += p[r0:r1, col0:col0+n_keys] @ vp[pid, kvh, :n_keys]``, in vectors.
 
     The value pass of either layout (V pages are ``[page_size, head_dim]`` in
@@ -193,12 +222,24 @@ def accumulate_pv_kt(p, vp, pid, kvh, acc, r0, r1, col0, n_keys, next_pid):
     by: one load of ``V[t, c:c+16]`` feeds four FMAs with the broadcast
     weights ``p[row, t]``. Keys are added one at a time, in order, so a
     key a row cannot see (weight 0) leaves its sums' bits as they were.
+    Pages of float16 bits or 8-bit codes are widened whole into ``vw`` (float32
+    ``[1, 1, P, D]``) first, as :func:`tile_scores_kt` does.
     """
     D = acc.shape[1]
-    if vp.itemsize != 4 or D % LANES:
+    if D % LANES:
         accumulate_pv(p, vp, pid, kvh, acc, r0, r1, col0, n_keys, next_pid)
         return
-    P = vp.shape[2]
+    if vp.itemsize != 4:
+        widen_tile(vp, pid, kvh, vw, next_pid)
+        _accumulate_pv_vectors(p, vw, 0, 0, acc, r0, r1, col0, n_keys, -1)
+    else:
+        _accumulate_pv_vectors(p, vp, pid, kvh, acc, r0, r1, col0, n_keys, next_pid)
+
+
+@njit(**JIT_OPTIONS)
+def _accumulate_pv_vectors(p, vp, pid, kvh, acc, r0, r1, col0, n_keys, next_pid):
+    """:func:`accumulate_pv_kt` for float32 pages."""
+    D, P = acc.shape[1], vp.shape[2]
     base = (pid * vp.shape[1] + kvh) * P * D           # flat offset of the page's tile
     pbase = ((next_pid if next_pid >= 0 else pid) * vp.shape[1] + kvh) * P * D
     for c in range(0, D, LANES):

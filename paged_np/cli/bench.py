@@ -246,6 +246,8 @@ for dt in (np.float32, np.float16):  # every kernel, both page dtypes
     numba_cpu.forward(q, k, v, bt, sl, qsl, 0.1, 0, True)  # decode
     numba_cpu.forward(q[:1], k, v, bt[:1], sl[:1], qsl[:2], 0.1, 0, True,
                       num_splits=2)  # split-K and its merge
+    kt = np.ascontiguousarray(k.transpose(0, 1, 3, 2))  # the transposed-K layout's tiles
+    numba_cpu.forward(q, kt, v, bt, sl, qsl, 0.1, 0, True, kv_layout="k_transposed")
 qp = np.ones((32, q.shape[1], q.shape[2]), np.float32)  # a prefill chunk on BLAS
 numba_cpu.forward(qp, k, v, bt[:1], sl[:1], np.array([0, 32], np.int32), 0.1, 0, True,
                   blas_min_queries=1)
