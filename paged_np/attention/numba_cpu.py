@@ -14,7 +14,10 @@ arithmetic, but arranged for a 2-core machine whose memory bus is the limit:
 2. **Reading the arena in place.** Per kv head a page is a contiguous
    ``[page_size, head_dim]`` tile (HND layout); the kernel reads it where it
    lies, following the block table. Nothing is gathered, and nothing
-   allocated grows with the context length.
+   allocated grows with the context length. With ``kv_layout="k_transposed"``
+   a K tile is ``[head_dim, page_size]`` and the tiles of
+   :mod:`paged_np.attention.numba_kt` score it (one vector load: one dimension
+   of 16 keys) and weigh the values, in explicit 16-lane vectors.
 3. **Split-K (flash-decoding).** With few items (one long sequence, one kv
    head) most cores would idle, so each item's keys are cut into
    ``num_splits`` page-aligned parts that run in parallel. Each part leaves
