@@ -245,37 +245,46 @@ def rows(w, x, y):
     row's time with each row converting the codes again, 1.2x and 1.5x sharing them:
     ``benchmarks/quant_kernels_avx2.md``).
     """
-    R = w.lanes
-    T, N = x.values.shape[0], y.shape[1]
+    T = x.values.shape[0]
     if T > 3:
         raise ShapeError("x: rows takes 1 to 3 input rows")
     yf = y.reshape(y.size)
     for g in prange(w.groups):
-        acc = np.zeros(T * R, np.float32)                        # [T, R]
-        for b in range(w.blocks):
-            blk = block_at(w, g, b)
-            if T == 1:
-                for c in range(0, R, 64):
-                    s0, s1, s2, s3 = _block_dot(w, blk, c, x, 0)
-                    scale_into(acc, 0, c, s0, w, blk, x, 0)
-                    scale_into(acc, 0, c + 16, s1, w, blk, x, 0)
-                    scale_into(acc, 0, c + 32, s2, w, blk, x, 0)
-                    scale_into(acc, 0, c + 48, s3, w, blk, x, 0)
-            elif T == 2:
-                for c in range(0, R, 32):
-                    a0, a1, b0, b1 = _block_dot2(w, blk, c, x, 0)
-                    scale_into(acc, 0, c, a0, w, blk, x, 0)
-                    scale_into(acc, 0, c + 16, a1, w, blk, x, 0)
-                    scale_into(acc, 1, c, b0, w, blk, x, 1)
-                    scale_into(acc, 1, c + 16, b1, w, blk, x, 1)
-            else:
-                for c in range(0, R, 16):
-                    r0, r1, r2 = _block_dot3(w, blk, c, x, 0)
-                    scale_into(acc, 0, c, r0, w, blk, x, 0)
-                    scale_into(acc, 1, c, r1, w, blk, x, 1)
-                    scale_into(acc, 2, c, r2, w, blk, x, 2)
-        for t in range(T):
-            yf[t * N + g * R:t * N + (g + 1) * R] = acc[t * R:(t + 1) * R]
+        _rows_group(w, x, yf, y.shape[1], np.int64(g))          # not prange's uint64
+
+
+@njit(**JIT_OPTIONS)
+def _rows_group(w, x, yf, N, g):
+    """Row group ``g`` of :func:`rows`, all ``T`` input rows, into ``yf`` (``y`` flat, rows
+    of ``N``). A function of its own, as :func:`_batch_part` is for ``batch``: Numba's
+    parallel passes then see a loop of one call."""
+    R = w.lanes
+    T = x.values.shape[0]
+    acc = np.zeros(T * R, np.float32)                            # [T, R]
+    for b in range(w.blocks):
+        blk = block_at(w, g, b)
+        if T == 1:
+            for c in range(0, R, 64):
+                s0, s1, s2, s3 = _block_dot(w, blk, c, x, 0)
+                scale_into(acc, 0, c, s0, w, blk, x, 0)
+                scale_into(acc, 0, c + 16, s1, w, blk, x, 0)
+                scale_into(acc, 0, c + 32, s2, w, blk, x, 0)
+                scale_into(acc, 0, c + 48, s3, w, blk, x, 0)
+        elif T == 2:
+            for c in range(0, R, 32):
+                a0, a1, b0, b1 = _block_dot2(w, blk, c, x, 0)
+                scale_into(acc, 0, c, a0, w, blk, x, 0)
+                scale_into(acc, 0, c + 16, a1, w, blk, x, 0)
+                scale_into(acc, 1, c, b0, w, blk, x, 1)
+                scale_into(acc, 1, c + 16, b1, w, blk, x, 1)
+        else:
+            for c in range(0, R, 16):
+                r0, r1, r2 = _block_dot3(w, blk, c, x, 0)
+                scale_into(acc, 0, c, r0, w, blk, x, 0)
+                scale_into(acc, 1, c, r1, w, blk, x, 1)
+                scale_into(acc, 2, c, r2, w, blk, x, 2)
+    for t in range(T):
+        yf[t * N + g * R:t * N + (g + 1) * R] = acc[t * R:(t + 1) * R]
 
 
 @njit(parallel=True, **JIT_OPTIONS)
@@ -296,30 +305,42 @@ def batch(w, x, y, parts):
     on its neighbours, so any cut gives the same bits.
     """
     G, R = w.groups, w.lanes
-    T, N = x.values.shape[0], y.shape[1]
+    T = x.values.shape[0]
     if T < 4:
         raise ShapeError("x: batch needs at least 4 input rows")
     yf = y.reshape(y.size)
+    parts = max(1, min(parts, G * (R // 16)))
+    for part in prange(parts):
+        _batch_part(w, x, yf, y.shape[1], np.int64(part), parts)  # not prange's uint64
+
+
+@njit(**JIT_OPTIONS)
+def _batch_part(w, x, yf, N, part, parts):
+    """One thread's part of :func:`batch`: its run of 16-lane strips, all input rows, into
+    ``yf`` (``y`` flat, rows of ``N``). A function of its own, not the body of ``batch``'s
+    ``prange``: Numba's parallel passes then handle a loop of one call, and the inlined
+    passes compile once, in the plain pipeline: a cold compile of the Q8 kernel took
+    19.5 s, 24.3 s as one parallel body (``benchmarks/compile_log.py``)."""
+    G, R = w.groups, w.lanes
+    T = x.values.shape[0]
     chunks = -(-T // BATCH)
     strips = R // 16                                             # per group
-    parts = max(1, min(parts, G * strips))
-    for part in prange(parts):
-        acc = np.empty(BATCH * R, np.float32)                    # [BATCH, R]
-        work = Scratch(np.empty(32 * R, np.float32), acc)        # tile [32, R], acc
-        s_lo, s_hi = part * G * strips // parts, (part + 1) * G * strips // parts
-        for g in range(s_lo // strips, (s_hi - 1) // strips + 1):
-            c_lo = (max(s_lo, g * strips) - g * strips) * 16     # this part's lanes of g
-            c_hi = (min(s_hi, (g + 1) * strips) - g * strips) * 16
-            for k in range(chunks):
-                t0, t1 = k * T // chunks, (k + 1) * T // chunks
-                acc[:] = 0.0            # not work.acc[:]: in a prange, Numba 0.68 drops that
-                for b in range(w.blocks):
-                    blk = block_at(w, g, b)
-                    prefetch_block(w, blk.codes + w.code_rows * R, c_lo, c_hi)  # the next
-                    block_passes(w, blk, x, work, t0, t1, c_lo, c_hi)
-                for t in range(t0, t1):
-                    o, a = t * N + g * R, (t - t0) * R
-                    yf[o + c_lo:o + c_hi] = acc[a + c_lo:a + c_hi]
+    acc = np.empty(BATCH * R, np.float32)                        # [BATCH, R]
+    work = Scratch(np.empty(32 * R, np.float32), acc)            # tile [32, R], acc
+    s_lo, s_hi = part * G * strips // parts, (part + 1) * G * strips // parts
+    for g in range(s_lo // strips, (s_hi - 1) // strips + 1):
+        c_lo = (max(s_lo, g * strips) - g * strips) * 16         # this part's lanes of g
+        c_hi = (min(s_hi, (g + 1) * strips) - g * strips) * 16
+        for k in range(chunks):
+            t0, t1 = k * T // chunks, (k + 1) * T // chunks
+            acc[:] = 0.0
+            for b in range(w.blocks):
+                blk = block_at(w, g, b)
+                prefetch_block(w, blk.codes + w.code_rows * R, c_lo, c_hi)  # the next
+                block_passes(w, blk, x, work, t0, t1, c_lo, c_hi)
+            for t in range(t0, t1):
+                o, a = t * N + g * R, (t - t0) * R
+                yf[o + c_lo:o + c_hi] = acc[a + c_lo:a + c_hi]
 
 
 @njit(**JIT_OPTIONS)
