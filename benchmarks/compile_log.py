@@ -5,8 +5,8 @@
 Runs the demo (SmolLM2-135M-Instruct, 16 chats, its default flags) in a fresh
 process with an empty ``NUMBA_CACHE_DIR``, with a
 :class:`paged_np.compile_log.CompileLog` installed, then once more on the now
-warm cache. The phases are the demo's own steps, marked by wrapping the two
-functions it calls between them:
+warm cache. The phases are the demo's own steps
+(:func:`paged_np.compile_log.log_demo` marks them):
 
 - ``load``: imports and ``LLM(...)`` (the GGUF read, the quantized weights);
 - ``warm-up``: :func:`paged_np.engine.replay.warm_up`, whose time the demo
@@ -32,52 +32,13 @@ import tempfile
 import time
 from pathlib import Path
 
-CHILD = r'''
-import json, sys, time
-t_start = time.perf_counter()
-from paged_np.compile_log import CompileLog, cache_stats
-log = CompileLog(phase="load")
-log.__enter__()
-import paged_np.engine.replay as replay
-import paged_np.cli.demo_model as demo_model
-marks, stats = {}, {}
-
-def mark(phase):
-    marks[phase] = time.perf_counter() - t_start
-    stats[log.phase] = cache_stats()          # the dispatchers' counts at the end of a phase
-    log.phase = phase
-
-real_warm_up, real_verify = replay.warm_up, demo_model.verify
-
-def warm_up(*a, **k):
-    mark("warm-up")
-    s = real_warm_up(*a, **k)
-    mark("serving")
-    return s
-
-def verify(*a, **k):
-    mark("verify")
-    out = real_verify(*a, **k)
-    mark("draw")
-    return out
-
-replay.warm_up, demo_model.verify = warm_up, verify
-status = demo_model.main(sys.argv[2:])
-mark("end")
-log.__exit__(None, None, None)
-json.dump(dict(status=status, marks=marks, stats=stats,
-               records=[r.__dict__ for r in log.records]), open(sys.argv[1], "w"))
-'''
-
-PHASES = ["load", "warm-up", "serving", "verify", "draw"]
-
 
 def run_demo(cache_dir: str, out_json: Path, argv: list[str]) -> tuple[dict, str, float]:
     """One demo in a fresh process on ``cache_dir``: (its log, its stdout, wall seconds)."""
     env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(out_json), *argv], env=env,
-                          capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "paged_np.compile_log", str(out_json), *argv],
+                          env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0 or not out_json.exists():
         sys.exit(f"the demo failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
@@ -86,6 +47,8 @@ def run_demo(cache_dir: str, out_json: Path, argv: list[str]) -> tuple[dict, str
 
 def per_phase(run: dict) -> dict[str, tuple[int, int]]:
     """``{phase: (disk-cache loads, compilations)}`` from the dispatchers' stats."""
+    from paged_np.compile_log import PHASES
+
     out, before = {}, {}
     for phase in PHASES:
         now = run["stats"].get(phase, before)
@@ -100,7 +63,7 @@ def printed(stdout: str, prefix: str) -> str:
 
 
 def main() -> None:
-    from paged_np.compile_log import Compile, CompileLog
+    from paged_np.compile_log import PHASES, Compile, CompileLog
     from paged_np.hardware import machine_line
 
     argv = ["--out", str(Path(tempfile.gettempdir()) / "compile_log_demo.png")]

@@ -20,11 +20,14 @@ cache hit fires none). A kernel that calls another compiles its callee inside
 its own event, so each entry has its inclusive seconds and its ``self_s``, the
 seconds not spent in a nested compile: ``self_s`` adds up to the wall time.
 
-Used by ``benchmarks/compile_log.py`` and ``tests/test_first_run.py``.
+:func:`log_demo` runs ``python -m paged_np demo`` under a log, its phases
+marked (``python -m paged_np.compile_log OUT.json [demo flags]`` in a fresh
+process: ``benchmarks/compile_log.py`` and ``tests/test_first_run.py`` do).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -122,3 +125,55 @@ def cache_stats(prefix: str = "paged_np") -> dict[str, tuple[int, int]]:
                 out[f"{modname}.{name}"] = (sum(s.cache_hits.values()),
                                             sum(s.cache_misses.values()))
     return out
+
+
+#: The demo's phases, in order (:func:`log_demo`).
+PHASES = ("load", "warm-up", "serving", "verify", "draw")
+
+
+def log_demo(argv: list[str]) -> dict:
+    """Run ``python -m paged_np demo`` (flags ``argv``) with a :class:`CompileLog`.
+
+    The phases are the demo's own steps, marked by wrapping the two functions
+    it calls between them (:func:`paged_np.engine.replay.warm_up` and
+    ``paged_np.cli.demo_model.verify``): ``load`` (imports, ``LLM(...)``),
+    ``warm-up`` (the "JIT compile" line), ``serving`` (the loop behind the
+    printed tokens/s), ``verify`` (the dense check), ``draw``. Returns
+    ``{"status", "records": [Compile as dict], "stats": {phase: cache_stats()
+    at its end}}``.
+    """
+    import paged_np.cli.demo_model as demo_model
+    import paged_np.engine.replay as replay
+
+    log, stats = CompileLog(phase="load"), {}
+
+    def mark(phase):
+        stats[log.phase] = cache_stats()
+        log.phase = phase
+
+    def wrap(fn, before, after):
+        def wrapped(*a, **k):
+            mark(before)
+            out = fn(*a, **k)
+            mark(after)
+            return out
+        return wrapped
+
+    saved = replay.warm_up, demo_model.verify
+    replay.warm_up = wrap(replay.warm_up, "warm-up", "serving")
+    demo_model.verify = wrap(demo_model.verify, "verify", "draw")
+    try:
+        with log:
+            status = demo_model.main(argv)
+            mark("end")
+    finally:
+        replay.warm_up, demo_model.verify = saved
+    return dict(status=status, stats=stats, records=[r.__dict__ for r in log.records])
+
+
+if __name__ == "__main__":
+    # python -m paged_np.compile_log OUT.json [demo flags]: the log of one demo, as JSON
+    result = log_demo(sys.argv[2:])
+    with open(sys.argv[1], "w") as f:
+        json.dump(result, f)
+    sys.exit(result["status"])
