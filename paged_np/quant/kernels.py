@@ -245,46 +245,37 @@ def rows(w, x, y):
     row's time with each row converting the codes again, 1.2x and 1.5x sharing them:
     ``benchmarks/quant_kernels_avx2.md``).
     """
-    T = x.values.shape[0]
+    R = w.lanes
+    T, N = x.values.shape[0], y.shape[1]
     if T > 3:
         raise ShapeError("x: rows takes 1 to 3 input rows")
     yf = y.reshape(y.size)
     for g in prange(w.groups):
-        _rows_group(w, x, yf, y.shape[1], np.int64(g))          # not prange's uint64
-
-
-@njit(**JIT_OPTIONS)
-def _rows_group(w, x, yf, N, g):
-    """Row group ``g`` of :func:`rows`, all ``T`` input rows, into ``yf`` (``y`` flat, rows
-    of ``N``). A function of its own, as :func:`_batch_part` is for ``batch``: Numba's
-    parallel passes then see a loop of one call."""
-    R = w.lanes
-    T = x.values.shape[0]
-    acc = np.zeros(T * R, np.float32)                            # [T, R]
-    for b in range(w.blocks):
-        blk = block_at(w, g, b)
-        if T == 1:
-            for c in range(0, R, 64):
-                s0, s1, s2, s3 = _block_dot(w, blk, c, x, 0)
-                scale_into(acc, 0, c, s0, w, blk, x, 0)
-                scale_into(acc, 0, c + 16, s1, w, blk, x, 0)
-                scale_into(acc, 0, c + 32, s2, w, blk, x, 0)
-                scale_into(acc, 0, c + 48, s3, w, blk, x, 0)
-        elif T == 2:
-            for c in range(0, R, 32):
-                a0, a1, b0, b1 = _block_dot2(w, blk, c, x, 0)
-                scale_into(acc, 0, c, a0, w, blk, x, 0)
-                scale_into(acc, 0, c + 16, a1, w, blk, x, 0)
-                scale_into(acc, 1, c, b0, w, blk, x, 1)
-                scale_into(acc, 1, c + 16, b1, w, blk, x, 1)
-        else:
-            for c in range(0, R, 16):
-                r0, r1, r2 = _block_dot3(w, blk, c, x, 0)
-                scale_into(acc, 0, c, r0, w, blk, x, 0)
-                scale_into(acc, 1, c, r1, w, blk, x, 1)
-                scale_into(acc, 2, c, r2, w, blk, x, 2)
-    for t in range(T):
-        yf[t * N + g * R:t * N + (g + 1) * R] = acc[t * R:(t + 1) * R]
+        acc = np.zeros(T * R, np.float32)                        # [T, R]
+        for b in range(w.blocks):
+            blk = block_at(w, g, b)
+            if T == 1:
+                for c in range(0, R, 64):
+                    s0, s1, s2, s3 = _block_dot(w, blk, c, x, 0)
+                    scale_into(acc, 0, c, s0, w, blk, x, 0)
+                    scale_into(acc, 0, c + 16, s1, w, blk, x, 0)
+                    scale_into(acc, 0, c + 32, s2, w, blk, x, 0)
+                    scale_into(acc, 0, c + 48, s3, w, blk, x, 0)
+            elif T == 2:
+                for c in range(0, R, 32):
+                    a0, a1, b0, b1 = _block_dot2(w, blk, c, x, 0)
+                    scale_into(acc, 0, c, a0, w, blk, x, 0)
+                    scale_into(acc, 0, c + 16, a1, w, blk, x, 0)
+                    scale_into(acc, 1, c, b0, w, blk, x, 1)
+                    scale_into(acc, 1, c + 16, b1, w, blk, x, 1)
+            else:
+                for c in range(0, R, 16):
+                    r0, r1, r2 = _block_dot3(w, blk, c, x, 0)
+                    scale_into(acc, 0, c, r0, w, blk, x, 0)
+                    scale_into(acc, 1, c, r1, w, blk, x, 1)
+                    scale_into(acc, 2, c, r2, w, blk, x, 2)
+        for t in range(T):
+            yf[t * N + g * R:t * N + (g + 1) * R] = acc[t * R:(t + 1) * R]
 
 
 @njit(parallel=True, **JIT_OPTIONS)
