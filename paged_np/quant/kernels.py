@@ -329,9 +329,10 @@ def _batch_part(w, x, yf, N, part, parts):
                 blk = block_at(w, g, b)
                 prefetch_block(w, blk.codes + w.code_rows * R, c_lo, c_hi)  # the next
                 block_passes(w, blk, x, work, t0, t1, c_lo, c_hi)
-            for t in range(t0, t1):
-                o, a = t * N + g * R, (t - t0) * R
-                yf[o + c_lo:o + c_hi] = acc[a + c_lo:a + c_hi]
+            for t in range(t0, t1):                              # a loop, not a slice
+                o, a = t * N + g * R, (t - t0) * R               # copy: that one compiles
+                for c in range(c_lo, c_hi):                      # its shape-mismatch
+                    yf[o + c] = acc[a + c]                       # message, 40 functions
 
 
 @njit(**JIT_OPTIONS)
