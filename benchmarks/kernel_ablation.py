@@ -55,6 +55,7 @@ def _items(q2, kp, vp, bt, w0, w1, n_kv, parts, prefetch, four_keys, kt):
     RT = n_kv * G
     qt = np.empty((RT, D), np.float32)
     qtt = np.empty((D, RT), np.float32)
+    scratch = np.empty(nk.LANES + RT, np.float32)  # the softmax's lane sums and maxima
     kw = np.empty((1, 1, D, P), np.float32)  # transposed K pages widened (float16)
     vw = np.empty((1, 1, P, D), np.float32)
     s = np.ones((RT, KB), np.float32)
@@ -91,7 +92,7 @@ def _items(q2, kp, vp, bt, w0, w1, n_kv, parts, prefetch, four_keys, kt):
                             nk.tile_scores_4x2(qt, kp, bt[b, j], kvh0 + h, s, h * G,
                                                (h + 1) * G, (j - blk) * P, P, nxt)
             if parts & SOFTMAX:
-                nk.online_softmax(s, m, l, acc, RT, n)
+                nk.online_softmax(s, m, l, acc, RT, n, scratch)
             if parts & PV:
                 for j in range(blk, blk_hi):
                     nxt = bt[b, j + 1] if prefetch and j + 1 < n_pages else -1

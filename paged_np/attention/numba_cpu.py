@@ -407,11 +407,11 @@ def forward(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, scale,
     seq_lens = np.ascontiguousarray(seq_lens, np.int64)
     qsl = np.ascontiguousarray(query_start_loc, np.int64)
     key = (H, num_kv_heads, page_size, D, k_pages.itemsize, window, numba.get_num_threads(),
-           tuple(sorted(knobs.items())))
+           kv_layout, tuple(sorted(knobs.items())))
     plan = plans.get(key) if plans is not None else None
     if plan is None:
         plan = make_plan(seq_lens, qsl, H, num_kv_heads, page_size, k_pages.itemsize, D,
-                         window, **knobs)
+                         window, kv_layout=kv_layout, **knobs)
         if plans is not None:
             plans[key] = plan
     # The kernel first: a split-K merge rewrites all T rows, BLAS then fills its own.

@@ -163,15 +163,21 @@ class Plan(NamedTuple):
 
 def make_plan(seq_lens, qsl, num_heads, num_kv_heads, page_size, kv_itemsize, head_dim,
               window, *, num_splits=None, q_tile=None, heads_per_item=None,
-              num_threads=None, blas_min_queries=BLAS_MIN_QUERIES,
-              threads="python") -> Plan:
+              num_threads=None, blas_min_queries=None, threads="python",
+              kv_layout="hnd") -> Plan:
     """Everything :func:`forward` decides before any arithmetic (plain NumPy).
 
     The knobs override the automatic choices (tests force split-K, pairs of
     kv heads or threads with them); ``None`` picks them from the shapes, the
     bytes to read and ``numba.get_num_threads()``. ``threads``: whose threads
     run the items (``config.ATTENTION_THREADS``), which sets what one costs to wake.
+    ``blas_min_queries=None``: :data:`BLAS_MIN_QUERIES`, except for float32 pages in
+    the ``k_transposed`` layout, whose vector tiles run causal prefill faster than
+    the BLAS path (``benchmarks/prefill_tiles.md``): there the kernel takes it all.
     """
+    if blas_min_queries is None:
+        kernel_prefills = kv_layout != "hnd" and kv_itemsize == 4 and head_dim % 16 == 0
+        blas_min_queries = np.iinfo(np.int64).max if kernel_prefills else BLAS_MIN_QUERIES
     n_q = np.diff(qsl)
     in_kernel = n_q < blas_min_queries
     blas_seqs = np.flatnonzero(~in_kernel)

@@ -27,12 +27,11 @@ long chunk of queries this module does, per (kv head, tile of query positions):
    earlier blocks summed when a row's max grows, as in the decode kernel's
    online softmax); after the last block, divide by the sums.
 
-A block's ``S`` (``Q_TILE * G * K_TILE`` floats, 1 MiB at G = 4) stays in L2
-from its product through the softmax to the second product; the whole row
-of a late tile (``[512, 2048]``, 4 MiB at 2048 tokens, as this module first
-computed it) went out to the last-level cache and back three times, and
-under load from other processes that version ran several times slower
-(``benchmarks/prefill_tiles.py`` compares them). The causal mask
+Blocks of 512 keys (``S`` of 1 MiB at G = 4, in L2 between the products)
+measured slower than a tile's whole row at 2048 tokens on the bench machine
+(0.60x against 0.69x of SDPA, ``benchmarks/prefill_tiles.md``): BLAS runs
+long products best. So a block is ``K_TILE = 4096`` keys, which leaves
+prompts up to 4K tokens as one block per tile and bounds ``S`` past that. The causal mask
 wastes the upper triangle of the last ``Q_TILE`` keys of each tile (about
 ``Q_TILE / T`` more work than the exact causal half: 6% at 2048 tokens). BLAS and Numba take
 turns on the cores, never at the same time.
@@ -42,13 +41,13 @@ path holds one kv head's gathered K and V (``n_keys * head_dim`` floats
 each), against the rule that no step allocates memory growing with the
 context, and ``S`` of one key block, which does not grow: for the last
 128-query chunk of a 32K-token prompt on a Llama-3-8B-like layer (G = 4,
-head_dim 128) the measured peak is 49.8 MiB (112.5 MiB when ``S`` held a
+head_dim 128) the measured peak is 56.8 MiB (112.5 MiB when ``S`` held a
 tile's every key). ``benchmarks/prefill_memory.py`` states the bound and
 measures it (``benchmarks/prefill_memory.md``); tests/test_prefill_memory.py
 checks it.
 
 Simplified compared with FlashAttention on a GPU: no fusion of the three
-steps (S goes through L2 between them).
+steps (S goes through the cache between them).
 """
 
 from __future__ import annotations
@@ -62,9 +61,10 @@ from .numpy_paged import to_float32
 
 #: Query positions per tile (times G rows): big enough for BLAS to run near its peak.
 Q_TILE = 128
-#: Keys per block of a tile: ``S`` (``Q_TILE * G * K_TILE`` floats, 1 MiB at G = 4)
-#: stays in L2 between the two products and the softmax.
-K_TILE = 512
+#: Keys per block of a tile. Measured (``benchmarks/prefill_tiles.md``), blocks small
+#: enough for ``S`` to stay in L2 (512: 1 MiB at G = 4) ran slower than one block per
+#: tile up to this many keys (BLAS likes long products); past it the block bounds ``S``.
+K_TILE = 4096
 
 
 @njit(**JIT_OPTIONS)

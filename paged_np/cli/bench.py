@@ -14,6 +14,9 @@ as *effective GB/s of K/V read*. Prefill (``I`` in the hundreds) is limited by
 the arithmetic and reported in GFLOP/s. PyTorch's ``scaled_dot_product_attention`` (when torch is
 installed, same thread count, K/V contiguous) and the NumPy teaching kernel
 run on the same data, in the same process, so the ratios hold on a noisy machine.
+A decode call keeps its plan (``plans=``) from one call to the next, as a model's
+layers share the plan of their step (:class:`paged_np.attention.AttentionMetadata`):
+the time is a layer's; the first layer of a step also makes the plan.
 
 Usage::
 
@@ -133,7 +136,7 @@ def bench_numba(cfg: dict, log) -> dict:
             for layout in KV_LAYOUTS.names():  # each layout's kernel, on the same keys
                 kp = k_t if layout == "k_transposed" else k
                 fns[layout] = functools.partial(numba_cpu.forward, q, kp, v, bt, sl, qsl,
-                                                scale, 0, False, kv_layout=layout)
+                                                scale, 0, False, kv_layout=layout, plans={})
             if torch is not None and dtype is np.float32:
                 fns["torch"] = _torch_decode(q, k, v, bt, sl)
             for fn in fns.values():  # warm up (compile, first touch)
@@ -214,7 +217,10 @@ def bench_prefill(cfg: dict, log) -> dict:
     flops = 4.0 * H * D * T * (T + 1) / 2  # 2 matmuls x 2 flops per multiply-add
     nbytes = 4 * (2 * T * H * D + 2 * T * HKV * D)  # read q, k, v and write out once
     settle(2.0)
-    fns = {"numba": lambda: numba_cpu.forward(q, k, v, bt, sl, qsl, D**-0.5, 0, False)}
+    k_t = np.ascontiguousarray(k.transpose(0, 1, 3, 2))  # the same keys, [D, page]
+    fns = {"numba": lambda: numba_cpu.forward(q, k, v, bt, sl, qsl, D**-0.5, 0, False),
+           "k_transposed": lambda: numba_cpu.forward(q, k_t, v, bt, sl, qsl, D**-0.5, 0, False,
+                                                     kv_layout="k_transposed")}
     if cfg["torch"] is not None:
         import torch
 
@@ -229,10 +235,13 @@ def bench_prefill(cfg: dict, log) -> dict:
     best = _best_alternating(fns, cfg["rounds"] + 1, 2)
     t = best["numba"]
     row = {"tokens": T, "ms": t * 1e3, "gflops": flops / t / 1e9, "intensity": flops / nbytes}
+    row["k_transposed_ms"] = best["k_transposed"] * 1e3
     if "torch" in best:
         row["torch_ms"], row["speedup_vs_torch"] = best["torch"] * 1e3, best["torch"] / t
+        row["k_transposed_vs_torch"] = best["torch"] / best["k_transposed"]
     log(f"prefill {T} tokens: {row['ms']:.1f} ms, {row['gflops']:.1f} GFLOP/s, "
-        f"x{row.get('speedup_vs_torch', float('nan')):.2f} vs torch")
+        f"x{row.get('speedup_vs_torch', float('nan')):.2f} vs torch; K transposed "
+        f"{row['k_transposed_ms']:.1f} ms, x{row.get('k_transposed_vs_torch', float('nan')):.2f}")
     return row
 
 

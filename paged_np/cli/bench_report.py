@@ -50,6 +50,10 @@ def write_table(res: dict) -> str:
                      f"{r['paged_read_gbs']:.1f} | {r['pct_paged_read']:.0f}% | {vt} | {vn} |")
     p = res["prefill"]
     vt = f", {p['speedup_vs_torch']:.2f}x torch SDPA" if "speedup_vs_torch" in p else ""
+    if "k_transposed_ms" in p:  # the transposed-K layout's prefill (the kernel path)
+        vt += (f"; K transposed: {p['k_transposed_ms']:.0f} ms"
+               + (f", {p['k_transposed_vs_torch']:.2f}x SDPA" if "k_transposed_vs_torch" in p
+                  else ""))
     lim = (f"; {p['intensity']:.0f} FLOP/B, {p['pct_limit']:.0f}% of the {p['limit']} limit"
            if "pct_limit" in p else "")
     lines += ["", f"Causal prefill, {p['tokens']} tokens: {p['ms']:.0f} ms, "
