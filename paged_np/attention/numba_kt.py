@@ -34,6 +34,7 @@ other page formats (float16 bits, 8-bit codes) and page sizes take
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import njit
 from numba.core.extending import intrinsic
 
@@ -54,7 +55,7 @@ from ..quant.simd import (
     zeros_f32,
 )
 from .numba_kernels import accumulate_pv
-from .numba_widen import to_f32
+from .numba_widen import target_widens_half, to_f32
 
 
 @intrinsic
@@ -63,6 +64,27 @@ def _splat_at(typingctx, a, i):
         x = builder.load(address(context, builder, sig.args[0], *args, V_F32.element))
         return splat_ir(builder, x, V_F32)
     return F32x16(a, i), codegen
+
+
+@intrinsic
+def _load_half16(typingctx, a, i):
+    """LLVM: the 16 float16 bit patterns ``a[i:i+16]`` (uint16) widened to float32
+    (``vcvtph2ps`` with F16C; used only where :func:`target_widens_half`)."""
+    def codegen(context, builder, sig, args):
+        v16 = ir.VectorType(ir.IntType(16), LANES)
+        bits = builder.load(address(context, builder, sig.args[0], *args, v16), align=2)
+        return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), LANES)), V_F32)
+    return F32x16(a, i), codegen
+
+
+@jitted_as(_load_half16)
+def load_half16(a, i):
+    """``a``'s flat elements ``i:i+16``, float16 bit patterns, as float32."""
+    return a.reshape(-1)[i:i + LANES].view(np.float16).astype(np.float32)
+
+
+#: Whether float16 pages widen 16 at a time in vectors (the target has F16C).
+HALF_VECTORS = target_widens_half()
 
 
 @jitted_as(_splat_at)
@@ -111,8 +133,12 @@ def widen_tile(src, pid, kvh, dst, next_pid):
     n = src.shape[2] * src.shape[3]                    # the tile: n contiguous elements
     flat, out = src.reshape(-1), dst.reshape(-1)       # views (both are C-contiguous)
     start = (pid * src.shape[1] + kvh) * n
-    for i in range(n):                                 # one loop LLVM vectorises
-        out[i] = to_f32(flat[start + i])
+    if src.itemsize == 2 and HALF_VECTORS and n % LANES == 0:  # float16: 16 per instruction
+        for i in range(0, n, LANES):
+            store_f32(out, i, load_half16(flat, start + i))
+    else:
+        for i in range(n):
+            out[i] = to_f32(flat[start + i])
     if next_pid >= 0:
         start = (next_pid * src.shape[1] + kvh) * n
         for i in range(start, start + n, CACHE_LINE // src.itemsize):
