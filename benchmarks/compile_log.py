@@ -4,9 +4,9 @@
 
 Runs the demo (SmolLM2-135M-Instruct, 16 chats, its default flags) in a fresh
 process with an empty ``NUMBA_CACHE_DIR``, with a
-:class:`paged_np.compile_log.CompileLog` installed, then once more on the now
+:class:`paged_np.cli.compile_log.CompileLog` installed, then once more on the now
 warm cache. The phases are the demo's own steps
-(:func:`paged_np.compile_log.log_demo` marks them):
+(:func:`paged_np.cli.compile_log.log_demo` marks them):
 
 - ``load``: imports and ``LLM(...)`` (the GGUF read, the quantized weights);
 - ``warm-up``: :func:`paged_np.engine.replay.warm_up`, whose time the demo
@@ -37,7 +37,7 @@ def run_demo(cache_dir: str, out_json: Path, argv: list[str]) -> tuple[dict, str
     """One demo in a fresh process on ``cache_dir``: (its log, its stdout, wall seconds)."""
     env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "paged_np.compile_log", str(out_json), *argv],
+    proc = subprocess.run([sys.executable, "-m", "paged_np.cli.compile_log", str(out_json), *argv],
                           env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0 or not out_json.exists():
@@ -47,7 +47,7 @@ def run_demo(cache_dir: str, out_json: Path, argv: list[str]) -> tuple[dict, str
 
 def per_phase(run: dict) -> dict[str, tuple[int, int]]:
     """``{phase: (disk-cache loads, compilations)}`` from the dispatchers' stats."""
-    from paged_np.compile_log import PHASES
+    from paged_np.cli.compile_log import PHASES
 
     out, before = {}, {}
     for phase in PHASES:
@@ -63,7 +63,7 @@ def printed(stdout: str, prefix: str) -> str:
 
 
 def main() -> None:
-    from paged_np.compile_log import PHASES, Compile, CompileLog
+    from paged_np.cli.compile_log import PHASES, Compile, CompileLog
     from paged_np.hardware import machine_line
 
     argv = ["--out", str(Path(tempfile.gettempdir()) / "compile_log_demo.png")]

@@ -6,7 +6,7 @@ is honest only if no kernel compiles inside the loop: before, the first run's
 LM head compiled its 4-or-more-rows kernel there (25 s of a 30 s loop,
 ``benchmarks/compile_log.md``). Each test below runs the demo in a fresh
 process, on an empty ``NUMBA_CACHE_DIR`` and then on the cache that run wrote,
-under :func:`paged_np.compile_log.log_demo`, which records every Numba
+under :func:`paged_np.cli.compile_log.log_demo`, which records every Numba
 compilation with the phase it fell in.
 
 The demo is run shortened (``--max-tokens 12 --no-verify``): the same 16
@@ -42,7 +42,7 @@ def two_runs(tmp_path_factory):
     runs = []
     for name in ("cold", "warm"):
         out = tmp / f"{name}.json"
-        proc = subprocess.run([sys.executable, "-m", "paged_np.compile_log", str(out), *ARGV,
+        proc = subprocess.run([sys.executable, "-m", "paged_np.cli.compile_log", str(out), *ARGV,
                                "--out", str(tmp / f"{name}.png")],
                               env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, f"the {name} demo failed:\n{proc.stdout}\n{proc.stderr}"

@@ -107,7 +107,7 @@ def test_threads_run_every_block_of_the_plan(threads):
         numba_cpu._attend_items(q2, k, v, tables, lens, qsl, plan.items, n, rows, 0, *got,
                                 plan.heads_per_item, None, None, threads)
         numba_cpu._run_items(q2, k, v, tables, lens, qsl, plan.items, 0, len(plan.items), rows,
-                             0, *want, plan.heads_per_item, None, None, q2, 0)
+                             0, *want, plan.heads_per_item, None, None, q2, 0, False)
         assert not np.isnan(want[0]).any()                # every row written
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])

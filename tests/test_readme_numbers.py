@@ -68,11 +68,12 @@ def test_summary_decode_tables_match_results_md():
     same = ["ms", "K/V GB/s", "limit", "% of limit", "vs torch SDPA", "vs NumPy kernel"]
     for isa, section in _quoted_sections().items():
         assert isa in results, f"{SUMMARY} section {isa} is not in benchmarks/results.md"
-        theirs = {(r["pages"], r["context"]): r for r in _table(results[isa], "pages")}
+        theirs = {(r["pages"], r.get("K layout"), r["context"]): r
+                  for r in _table(results[isa], "pages")}
         rows = _table(section, "pages")
         assert rows, f"{SUMMARY} section {isa} has no decode table"
         for row in rows:
-            key = (row["pages"], row["context"])
+            key = (row["pages"], row.get("K layout"), row["context"])
             assert key in theirs, f"{SUMMARY} {isa} row {key} is not in benchmarks/results.md"
             for col in same:
                 assert row[col] == theirs[key][col], (

@@ -5,7 +5,7 @@ loads it from its on-disk cache, which costs far less). A first run is slow
 when many signatures compile, and misleading when some compile inside the
 serving loop: the time lands in tokens/s. This log shows both::
 
-    from paged_np.compile_log import CompileLog
+    from paged_np.cli.compile_log import CompileLog
 
     with CompileLog() as log:
         log.phase = "warm-up"
@@ -21,7 +21,7 @@ its own event, so each entry has its inclusive seconds and its ``self_s``, the
 seconds not spent in a nested compile: ``self_s`` adds up to the wall time.
 
 :func:`log_demo` runs ``python -m paged_np demo`` under a log, its phases
-marked (``python -m paged_np.compile_log OUT.json [demo flags]`` in a fresh
+marked (``python -m paged_np.cli.compile_log OUT.json [demo flags]`` in a fresh
 process: ``benchmarks/compile_log.py`` and ``tests/test_first_run.py`` do).
 """
 
@@ -172,7 +172,7 @@ def log_demo(argv: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-    # python -m paged_np.compile_log OUT.json [demo flags]: the log of one demo, as JSON
+    # python -m paged_np.cli.compile_log OUT.json [demo flags]: the log of one demo, as JSON
     result = log_demo(sys.argv[2:])
     with open(sys.argv[1], "w") as f:
         json.dump(result, f)
