@@ -198,7 +198,7 @@ def test_k_transposed_attention_equals_hnd_with_8bit_pages(backend, fmt, prefill
 @pytest.mark.parametrize("fmt", ["float32", "float16", "int8", "fp8_e4m3"])
 @pytest.mark.parametrize("window, sinks", [(0, 0), (24, 4)])
 def test_the_blas_prefill_gathers_k_transposed_pages_as_they_are(fmt, window, sinks):
-    numba_prefill = pytest.importorskip("paged_np.attention.numba_prefill")
+    from paged_np.attention import numba_prefill  # numba is a dependency: no skip
     case = make_paged_case([70], [50], page_size=16, head_dim=32, num_heads=8, num_kv_heads=2,
                            seed=5)
     pages = _case_arenas(case, fmt)
@@ -268,8 +268,6 @@ def model():
                                   dict(backend="numpy", preemption_mode="swap",
                                        kv_cache_dtype="fp8_e4m3")])
 def test_the_engine_gives_the_same_greedy_tokens_in_both_layouts(model, opts):
-    if opts["backend"] not in available_backends():
-        pytest.skip("numba is not available")
     ps = prompts(8, seed=3, system=list(range(40, 60)))
     greedy = pnp.SamplingParams(max_tokens=10, temperature=0.0)
     tokens, metrics = {}, {}

@@ -107,7 +107,7 @@ def _load_rows(qsrc, qt, q0, nq, kvh0, G, R, R4, RT):
 
 @njit(**JIT_OPTIONS)
 def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, klo, khi, window,
-                 out, lse, qt, qtt, row_pos, s, m, l, acc, k_scales, v_scales, ksc, vsc,
+                 out, lse, qt, kt_scratch, row_pos, s, m, l, acc, k_scales, v_scales, ksc, vsc,
                  scratch, q2s, sinks, k_transposed):
     """One work item: ``nq`` queries x ``n_kv * G`` heads against keys ``[klo, khi)``.
 
@@ -125,9 +125,9 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, kl
     then the window's keys as always: the two sets never overlap.
 
     ``k_transposed``: the K pages are ``[num_pages, num_kv_heads, head_dim,
-    page_size]`` (``kv_layout="k_transposed"``), scored by
-    :func:`~paged_np.attention.numba_kt.tile_scores_kt`; all else is the
-    same, V pages included.
+    page_size]`` (``kv_layout="k_transposed"``), scored by :func:`.numba_kt.tile_scores_kt`;
+    all else is the same, V pages included. ``kt_scratch``: ``qt`` transposed, and a float32
+    K and V page where those tiles widen float16 and 8-bit pages (``(qtt, kw, vw)``).
 
     A row's arithmetic does not depend on how many keys the item reads past
     the row's own position (its other queries' keys, masked for it): keys go
@@ -152,10 +152,7 @@ def _attend_item(q2, k_pages, v_pages, bt_row, first_pos, q0, nq, kvh0, n_kv, kl
         for d in range(D):
             acc[rt, d] = 0.0  # running sum of weight * v   [RT, D]
     PB = KB // P  # pages per block
-    # Transposed-K tiles widen float16 and 8-bit pages into a float32 page first.
-    wide = (P, D) if k_transposed and k_pages.itemsize != 4 else (0, 0)
-    kw = np.empty((1, 1, wide[1], wide[0]), np.float32)  # [1, 1, D, P]
-    vw = np.empty((1, 1, wide[0], wide[1]), np.float32)  # [1, 1, P, D]
+    qtt, kw, vw = kt_scratch
     # Phase 0: the sinks some row's window leaves out; phase 1: the window.
     first_phase = 0 if sinks > 0 and window > 0 and last_pos - window + 1 > 0 else 1
     for phase in range(first_phase, 2):
@@ -235,6 +232,9 @@ def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, it
     RT = (max_rows + 3) // 4 * 4 * heads_per_item
     qt = np.empty((RT, D), np.float32)  # queries of the item   [RT, D]
     qtt = np.empty((D, RT) if k_transposed else (0, 0), np.float32)  # the same, transposed
+    wide = (P, D) if k_transposed and k_pages.itemsize != 4 else (0, 0)  # kt: a widened page
+    kt_scratch = (qtt, np.empty((1, 1, wide[1], wide[0]), np.float32),   # [1, 1, D, P]
+                  np.empty((1, 1, wide[0], wide[1]), np.float32))         # [1, 1, P, D]
     row_pos = np.empty(RT, np.int64)  # each row's query position
     s = np.empty((RT, KB + SPARE_COLUMNS), np.float32)  # scores, then weights
     m = np.empty(RT, np.float32)
@@ -252,8 +252,8 @@ def _run_items(q2, k_pages, v_pages, block_tables, seq_lens, query_start_loc, it
         first_pos = seq_lens[b] - n_q + (q0 - query_start_loc[b])
         _attend_item(q2, k_pages, v_pages, block_tables[b], first_pos, q0, nq, it[ITEM_KVH],
                      heads_per_item, it[ITEM_KLO], it[ITEM_KHI], window, part_out[it[ITEM_SPLIT]],
-                     part_lse[it[ITEM_SPLIT]], qt, qtt, row_pos, s, m, l, acc, k_scales, v_scales,
-                     ksc, vsc, scratch, q2s, sinks if it[ITEM_SPLIT] == 0 else 0, k_transposed)
+                     part_lse[it[ITEM_SPLIT]], qt, kt_scratch, row_pos, s, m, l, acc, k_scales,
+                     v_scales, ksc, vsc, scratch, q2s, sinks * (it[ITEM_SPLIT] == 0), k_transposed)
 
 
 @njit(parallel=True, **JIT_OPTIONS)

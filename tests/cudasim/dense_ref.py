@@ -60,3 +60,14 @@ def random_batch(rng, seq_lens, n_qs, num_heads, num_kv_heads, head_dim, page_si
     qsl = np.concatenate([[0], np.cumsum(n_qs)]).astype(np.int32)
     q = rng.standard_normal((int(qsl[-1]), num_heads, head_dim)).astype(np.float32)
     return q, k_pages, v_pages, block_tables, seq_lens, qsl
+
+
+def write_fork_and_copy_on_write(cache, kv):
+    """On ``cache``: sequence "a" of 6 tokens written from ``kv`` ``[2, 6, Hkv, D]`` (K, V),
+    forked to "b", whose next token's write copies the shared last page (one COW copy)."""
+    cache.add_sequence("a", list(range(1, 7)))
+    cache.write_kv(0, cache.allocate_slots("a", 6), kv[0], kv[1])
+    cache.append_tokens("a", list(range(1, 7)))
+    cache.fork("a", "b")
+    cache.write_kv(0, cache.allocate_slots("b", 1), kv[0, :1], kv[1, :1])  # copy-on-write
+    cache.append_tokens("b", [7])

@@ -11,6 +11,7 @@ a 16x16 page, and hnd gives the dense reference.
 import numpy as np
 import pytest
 from attention_cases import TOL, make_paged_case, rel_error
+from dense_ref import write_fork_and_copy_on_write
 
 import paged_np as pnp
 from paged_np.attention import numba_cuda as nc
@@ -33,12 +34,7 @@ def test_the_device_arena_stores_what_the_host_arena_stores(fmt):
     rng = np.random.default_rng(3)
     kv = rng.standard_normal((2, 6, 2, 8)).astype(np.float32)
     for cache in (host, dev):
-        cache.add_sequence("a", list(range(1, 7)))
-        cache.write_kv(0, cache.allocate_slots("a", 6), kv[0], kv[1])
-        cache.append_tokens("a", list(range(1, 7)))
-        cache.fork("a", "b")
-        cache.write_kv(0, cache.allocate_slots("b", 1), kv[0, :1], kv[1, :1])  # copy-on-write
-        cache.append_tokens("b", [7])
+        write_fork_and_copy_on_write(cache, kv)
     assert dev.stats()["cow_copies"] == 1
     k, v = dev.layer(0)
     assert tuple(k.shape) == (6, 2, 8, 4) and tuple(v.shape) == (6, 2, 4, 8)

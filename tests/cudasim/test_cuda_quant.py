@@ -10,6 +10,7 @@ them on copy-on-write.
 import numpy as np
 import pytest
 from attention_cases import TOL, make_paged_case, quantize_case, rel_error
+from dense_ref import write_fork_and_copy_on_write
 
 import paged_np as pnp
 from paged_np.cache.kv_quant import dequantize
@@ -41,12 +42,7 @@ def test_device_cache_writes_and_copies_scales(fmt):
     rng = np.random.default_rng(3)
     kv = rng.standard_normal((2, 6, 1, 8)).astype(np.float32)
     for cache in (host, dev):
-        cache.add_sequence("a", list(range(1, 7)))
-        cache.write_kv(0, cache.allocate_slots("a", 6), kv[0], kv[1])
-        cache.append_tokens("a", list(range(1, 7)))
-        cache.fork("a", "b")
-        cache.write_kv(0, cache.allocate_slots("b", 1), kv[0, :1], kv[1, :1])  # copy-on-write
-        cache.append_tokens("b", [7])
+        write_fork_and_copy_on_write(cache, kv)
     assert dev.stats()["cow_copies"] == 1
     np.testing.assert_array_equal(dev.arena.copy_to_host(), host.arena)
     np.testing.assert_array_equal(dev.kv_scales.copy_to_host(), host.kv_scales)
